@@ -1,0 +1,1 @@
+"""Raven edge side: dialler, node inventory, forwarder to node ports."""

@@ -1,0 +1,1 @@
+"""Raven cloud side: tunnel endpoint, registry and selection, proxy front end."""

@@ -1,0 +1,65 @@
+"""Per-stream credit flow control, as pure bookkeeping (no I/O, no clock).
+
+The receiver of a stream grants the sender ``window`` bytes up front. The sender may
+send DATA only while it holds credit; the receiver returns credit with WINDOW frames
+as its consumer drains what it buffered. A receiver therefore never buffers more than
+``window`` bytes for one stream, and a slow consumer stops only its own stream.
+"""
+
+from __future__ import annotations
+
+from raven.wire import MAX_WINDOW_INCREMENT, ProtocolError, ResetCode
+
+
+class SendCredit:
+    """What this side may still send on one stream."""
+
+    __slots__ = ("available",)
+
+    def __init__(self, initial: int) -> None:
+        self.available = initial
+
+    def take(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` bytes; returns how many may be sent now (maybe 0)."""
+        n = min(wanted, self.available)
+        self.available -= n
+        return n
+
+    def grant(self, increment: int, stream_id: int) -> None:
+        if self.available + increment > MAX_WINDOW_INCREMENT:
+            raise ProtocolError(
+                f"WINDOW overflow: credit would exceed {MAX_WINDOW_INCREMENT}", stream_id, ResetCode.FLOW_CONTROL
+            )
+        self.available += increment
+
+
+class RecvWindow:
+    """What the peer may still send on one stream, and when to give credit back."""
+
+    __slots__ = ("credit", "unacked", "window")
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.credit = window
+        self.unacked = 0
+
+    def received(self, n: int, stream_id: int) -> None:
+        if n > self.credit:
+            raise ProtocolError(
+                f"peer sent {n} bytes with only {self.credit} bytes of credit", stream_id, ResetCode.FLOW_CONTROL
+            )
+        self.credit -= n
+
+    def consumed(self, n: int) -> int:
+        """Record ``n`` bytes handed to the consumer; return a WINDOW increment to send, or 0.
+
+        Credit is returned in batches of at least half a window, so a stream costs one
+        WINDOW frame per half window of data rather than one per DATA frame.
+        """
+        self.unacked += n
+        if self.unacked * 2 >= self.window:
+            inc = self.unacked
+            self.unacked = 0
+            self.credit += inc
+            return inc
+        return 0

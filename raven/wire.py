@@ -1,0 +1,620 @@
+"""The Raven tunnel wire format: a pure codec with no I/O.
+
+One binary WebSocket message carries exactly one frame::
+
+    +--------+--------+--------------------------------+-----------------+
+    | type 8 | flags 8|        stream id 32 (BE)       | payload ...     |
+    +--------+--------+--------------------------------+-----------------+
+
+The payload length is the message length minus the 6-byte header. Stream 0 carries
+control frames; every other id names one stream. ``decode`` turns a message into one
+frame object or raises :class:`ProtocolError`; ``encode`` does the reverse. Nothing here
+touches a socket, a clock or a task, so the codec is easy to test and fuzz.
+See ``docs/protocol.md`` for the full specification.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+HEADER = struct.Struct("!BBI")
+HEADER_SIZE = HEADER.size
+FLAG_FIN = 0x01
+
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+_OPEN_FIXED = struct.Struct("!BH")  # kind, port
+_HEAD_FIXED = struct.Struct("!HB")  # status, reason length
+_RESET_FIXED = struct.Struct("!H")  # code
+
+MAX_STREAM_ID = 2**32 - 1
+MAX_WINDOW_INCREMENT = 2**31 - 1
+
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+
+
+class FrameType(enum.IntEnum):
+    # control frames, stream 0
+    HELLO = 0x01
+    WELCOME = 0x02
+    REGISTER = 0x03
+    REGISTERED = 0x04
+    PING = 0x05
+    PONG = 0x06
+    DRAIN = 0x07
+    GOAWAY = 0x08
+    # stream frames, stream id > 0
+    OPEN = 0x10
+    HEAD = 0x11
+    DATA = 0x12
+    END = 0x13
+    RESET = 0x14
+    WINDOW = 0x15
+
+
+CONTROL_TYPES = frozenset(
+    {
+        FrameType.HELLO,
+        FrameType.WELCOME,
+        FrameType.REGISTER,
+        FrameType.REGISTERED,
+        FrameType.PING,
+        FrameType.PONG,
+        FrameType.DRAIN,
+        FrameType.GOAWAY,
+    }
+)
+_FIN_ALLOWED = frozenset({FrameType.OPEN, FrameType.HEAD, FrameType.DATA})
+
+
+class StreamKind(enum.IntEnum):
+    HTTP = 1
+    TCP = 2
+
+
+class ResetCode(enum.IntEnum):
+    """Why a stream ended abnormally. The gateway maps these to HTTP statuses."""
+
+    CANCEL = 1  # the requester went away or gave up
+    REFUSED = 2  # the agent will not serve this node/port (not its own, not allowed)
+    CONNECT_FAILED = 3  # the agent could not reach the node's port
+    TIMEOUT = 4  # a deadline passed on the far side
+    PROTOCOL = 5  # malformed or out-of-order frame on this stream
+    FLOW_CONTROL = 6  # the peer sent more than its credit
+    INTERNAL = 7  # a bug or unexpected failure on the far side
+    UPSTREAM_BROKEN = 8  # the exporter's response broke mid-body
+    DRAINING = 9  # the agent is draining: retry elsewhere
+    LIMIT = 10  # too many streams
+    SESSION_CLOSED = 11  # the session carrying the stream ended
+
+
+class ProtocolError(Exception):
+    """Malformed input. ``stream_id`` is 0 when the whole session must end."""
+
+    def __init__(self, reason: str, stream_id: int = 0, code: ResetCode = ResetCode.PROTOCOL) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.stream_id = stream_id
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds the decoder enforces. Both peers use the same defaults."""
+
+    max_frame: int = 1 << 20  # whole message, control frames included
+    max_data: int = 64 * 1024  # payload of one DATA frame
+    max_header_bytes: int = 64 * 1024  # encoded header block of OPEN/HEAD
+    max_headers: int = 256
+    max_reason: int = 1024
+
+
+DEFAULT_LIMITS = Limits()
+
+Headers = tuple[tuple[str, str], ...]
+
+
+# ---------------------------------------------------------------- frames
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    address: str
+    pool: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Agent -> gateway, first frame of a session."""
+
+    agent: str
+    session: str
+    versions: tuple[int, ...] = SUPPORTED_VERSIONS
+    window: int = 256 * 1024  # initial per-stream receive window the agent grants
+    max_streams: int = 1024  # streams the agent accepts at once
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Gateway -> agent, answer to HELLO."""
+
+    version: int
+    replica: str
+    replicas: int
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    window: int = 256 * 1024
+    max_streams: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """Agent -> gateway: the complete set of nodes this session fronts (replaces earlier sets)."""
+
+    nodes: tuple[NodeInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """Gateway -> agent: which nodes were accepted and which refused, with reasons."""
+
+    accepted: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    opaque: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    opaque: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GoAway:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    stream_id: int
+    kind: StreamKind
+    node: str
+    port: int
+    method: str = ""
+    target: str = ""
+    headers: Headers = ()
+    fin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    stream_id: int
+    status: int
+    reason: str = ""
+    headers: Headers = ()
+    fin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    stream_id: int
+    data: bytes | memoryview = field(repr=False)
+    fin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    stream_id: int
+    code: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    stream_id: int
+    increment: int
+
+
+ControlFrame = Hello | Welcome | Register | Registered | Ping | Pong | Drain | GoAway
+StreamFrame = Open | Head | Data | End | Reset | Window
+Frame = ControlFrame | StreamFrame
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+def valid_node_name(name: str) -> bool:
+    """RFC 1123 host name, lower case, at most 253 characters."""
+    return 0 < len(name) <= 253 and _NODE_NAME.match(name) is not None
+
+
+def _check_headers(headers: Headers, stream_id: int) -> None:
+    for name, value in headers:
+        if not _TOKEN.match(name.encode("latin-1", "replace")):
+            raise ProtocolError(f"invalid header name {name[:40]!r}", stream_id)
+        if _BAD_VALUE.search(value.encode("latin-1", "replace")):
+            raise ProtocolError(f"invalid value for header {name[:40]!r}", stream_id)
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _header(ftype: FrameType, flags: int, stream_id: int) -> bytes:
+    return HEADER.pack(ftype, flags, stream_id)
+
+
+def _encode_headers(headers: Headers) -> bytes:
+    parts = [_U16.pack(len(headers))]
+    for name, value in headers:
+        n = name.encode("latin-1")
+        v = value.encode("latin-1")
+        parts.append(_U16.pack(len(n)))
+        parts.append(n)
+        parts.append(_U16.pack(len(v)))
+        parts.append(v)
+    return b"".join(parts)
+
+
+def _short_str(text: str, what: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > 255:
+        raise ValueError(f"{what} longer than 255 bytes")
+    return bytes((len(raw),)) + raw
+
+
+def _json(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def encode_data(stream_id: int, data: bytes | memoryview, fin: bool = False) -> bytes:
+    """The data path's encoder: one concatenation, no other copy."""
+    return HEADER.pack(FrameType.DATA, FLAG_FIN if fin else 0, stream_id) + data
+
+
+def encode(frame: Frame) -> bytes:
+    """Serialise one frame to the bytes of one WebSocket message."""
+    if isinstance(frame, Data):
+        return encode_data(frame.stream_id, frame.data, frame.fin)
+    if isinstance(frame, Window):
+        if not 0 < frame.increment <= MAX_WINDOW_INCREMENT:
+            raise ValueError("window increment out of range")
+        return _header(FrameType.WINDOW, 0, frame.stream_id) + _U32.pack(frame.increment)
+    if isinstance(frame, End):
+        return _header(FrameType.END, 0, frame.stream_id)
+    if isinstance(frame, Open):
+        if frame.kind == StreamKind.HTTP:
+            _check_headers(frame.headers, frame.stream_id)
+        target = frame.target.encode("latin-1")
+        if len(target) > 0xFFFF:
+            raise ValueError("request target longer than 65535 bytes")
+        body = b"".join(
+            (
+                _OPEN_FIXED.pack(frame.kind, frame.port),
+                _short_str(frame.node, "node name"),
+                _short_str(frame.method, "method"),
+                _U16.pack(len(target)),
+                target,
+                _encode_headers(frame.headers),
+            )
+        )
+        return _header(FrameType.OPEN, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
+    if isinstance(frame, Head):
+        _check_headers(frame.headers, frame.stream_id)
+        reason = frame.reason.encode("latin-1", "replace")[:255]
+        body = _HEAD_FIXED.pack(frame.status, len(reason)) + reason + _encode_headers(frame.headers)
+        return _header(FrameType.HEAD, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
+    if isinstance(frame, Reset):
+        reason = frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
+        return _header(FrameType.RESET, 0, frame.stream_id) + _RESET_FIXED.pack(frame.code) + reason
+    if isinstance(frame, Ping):
+        return _header(FrameType.PING, 0, 0) + _U64.pack(frame.opaque)
+    if isinstance(frame, Pong):
+        return _header(FrameType.PONG, 0, 0) + _U64.pack(frame.opaque)
+    if isinstance(frame, Hello):
+        return _header(FrameType.HELLO, 0, 0) + _json(
+            {
+                "agent": frame.agent,
+                "session": frame.session,
+                "versions": list(frame.versions),
+                "window": frame.window,
+                "max_streams": frame.max_streams,
+            }
+        )
+    if isinstance(frame, Welcome):
+        return _header(FrameType.WELCOME, 0, 0) + _json(
+            {
+                "version": frame.version,
+                "replica": frame.replica,
+                "replicas": frame.replicas,
+                "heartbeat_interval": frame.heartbeat_interval,
+                "heartbeat_timeout": frame.heartbeat_timeout,
+                "window": frame.window,
+                "max_streams": frame.max_streams,
+            }
+        )
+    if isinstance(frame, Register):
+        return _header(FrameType.REGISTER, 0, 0) + _json(
+            {"nodes": [[n.name, n.address, n.pool] for n in frame.nodes]}
+        )
+    if isinstance(frame, Registered):
+        return _header(FrameType.REGISTERED, 0, 0) + _json(
+            {"accepted": list(frame.accepted), "refused": [list(r) for r in frame.refused]}
+        )
+    if isinstance(frame, Drain):
+        return _header(FrameType.DRAIN, 0, 0) + frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
+    if isinstance(frame, GoAway):
+        reason = frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
+        return _header(FrameType.GOAWAY, 0, 0) + _RESET_FIXED.pack(frame.code) + reason
+    raise TypeError(f"not a frame: {type(frame).__name__}")
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class _Reader:
+    """Bounds-checked cursor over one payload."""
+
+    __slots__ = ("buf", "pos", "stream_id")
+
+    def __init__(self, buf: memoryview, stream_id: int) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.stream_id = stream_id
+
+    def take(self, n: int, what: str) -> memoryview:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise ProtocolError(f"truncated {what}", self.stream_id)
+        out = self.buf[self.pos : end]
+        self.pos = end
+        return out
+
+    def u8(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def u16(self, what: str) -> int:
+        return int(_U16.unpack(self.take(2, what))[0])
+
+    def text(self, n: int, what: str, encoding: str = "latin-1") -> str:
+        raw = self.take(n, what)
+        try:
+            return bytes(raw).decode(encoding)
+        except UnicodeDecodeError:
+            raise ProtocolError(f"{what} is not valid {encoding}", self.stream_id) from None
+
+    def done(self, what: str) -> None:
+        if self.pos != len(self.buf):
+            raise ProtocolError(f"{len(self.buf) - self.pos} trailing bytes after {what}", self.stream_id)
+
+
+def _decode_headers(r: _Reader, limits: Limits) -> Headers:
+    start = r.pos
+    count = r.u16("header count")
+    if count > limits.max_headers:
+        raise ProtocolError(f"{count} headers, limit {limits.max_headers}", r.stream_id)
+    out: list[tuple[str, str]] = []
+    for _ in range(count):
+        name_raw = bytes(r.take(r.u16("header name length"), "header name"))
+        if not _TOKEN.match(name_raw):
+            raise ProtocolError(f"invalid header name {name_raw[:40]!r}", r.stream_id)
+        value_raw = bytes(r.take(r.u16("header value length"), "header value"))
+        if _BAD_VALUE.search(value_raw):
+            raise ProtocolError(f"invalid value for header {name_raw[:40]!r}", r.stream_id)
+        out.append((name_raw.decode("latin-1"), value_raw.decode("latin-1")))
+        if r.pos - start > limits.max_header_bytes:
+            raise ProtocolError(f"header block over {limits.max_header_bytes} bytes", r.stream_id)
+    return tuple(out)
+
+
+def _load_json(payload: memoryview, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(bytes(payload))
+    except (ValueError, RecursionError):
+        raise ProtocolError(f"{what} is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what} is not a JSON object")
+    return obj
+
+
+def _field(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], what: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ProtocolError(f"{what}: field {key!r} missing or of the wrong type")
+    return value
+
+
+def _positive(value: int | float, key: str, what: str, upper: float = 2**31 - 1) -> None:
+    if not 0 < value <= upper:
+        raise ProtocolError(f"{what}: field {key!r} out of range")
+
+
+def _str_list(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"{what} must be a list of strings")
+    return value
+
+
+def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> ControlFrame:
+    if ftype in (FrameType.PING, FrameType.PONG):
+        if len(payload) != 8:
+            raise ProtocolError(f"{ftype.name} payload must be 8 bytes, got {len(payload)}")
+        opaque = int(_U64.unpack(payload)[0])
+        return Ping(opaque) if ftype == FrameType.PING else Pong(opaque)
+    if ftype == FrameType.DRAIN:
+        if len(payload) > limits.max_reason:
+            raise ProtocolError("DRAIN reason too long")
+        return Drain(bytes(payload).decode("utf-8", "replace"))
+    if ftype == FrameType.GOAWAY:
+        if not 2 <= len(payload) <= 2 + limits.max_reason:
+            raise ProtocolError("GOAWAY payload has a bad length")
+        return GoAway(int(_RESET_FIXED.unpack(payload[:2])[0]), bytes(payload[2:]).decode("utf-8", "replace"))
+    obj = _load_json(payload, ftype.name)
+    if ftype == FrameType.HELLO:
+        versions = obj.get("versions")
+        if (
+            not isinstance(versions, list)
+            or not versions
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in versions)
+        ):
+            raise ProtocolError("HELLO: field 'versions' must be a non-empty list of integers")
+        window = _field(obj, "window", int, "HELLO")
+        max_streams = _field(obj, "max_streams", int, "HELLO")
+        _positive(window, "window", "HELLO")
+        _positive(max_streams, "max_streams", "HELLO", 1 << 20)
+        return Hello(
+            agent=_field(obj, "agent", str, "HELLO"),
+            session=_field(obj, "session", str, "HELLO"),
+            versions=tuple(versions),
+            window=window,
+            max_streams=max_streams,
+        )
+    if ftype == FrameType.WELCOME:
+        interval = _field(obj, "heartbeat_interval", (int, float), "WELCOME")
+        timeout = _field(obj, "heartbeat_timeout", (int, float), "WELCOME")
+        _positive(interval, "heartbeat_interval", "WELCOME", 3600)
+        _positive(timeout, "heartbeat_timeout", "WELCOME", 3600)
+        replicas = _field(obj, "replicas", int, "WELCOME")
+        _positive(replicas, "replicas", "WELCOME", 1 << 16)
+        window = _field(obj, "window", int, "WELCOME")
+        max_streams = _field(obj, "max_streams", int, "WELCOME")
+        _positive(window, "window", "WELCOME")
+        _positive(max_streams, "max_streams", "WELCOME", 1 << 20)
+        return Welcome(
+            version=_field(obj, "version", int, "WELCOME"),
+            replica=_field(obj, "replica", str, "WELCOME"),
+            replicas=replicas,
+            heartbeat_interval=float(interval),
+            heartbeat_timeout=float(timeout),
+            window=window,
+            max_streams=max_streams,
+        )
+    if ftype == FrameType.REGISTER:
+        nodes = obj.get("nodes")
+        if not isinstance(nodes, list):
+            raise ProtocolError("REGISTER: field 'nodes' must be a list")
+        out = []
+        for entry in nodes:
+            items = _str_list(entry, "REGISTER: each node")
+            if len(items) != 3:
+                raise ProtocolError("REGISTER: each node must be [name, address, pool]")
+            out.append(NodeInfo(items[0], items[1], items[2]))
+        return Register(tuple(out))
+    if ftype == FrameType.REGISTERED:
+        accepted = _str_list(obj.get("accepted"), "REGISTERED: 'accepted'")
+        refused_raw = obj.get("refused")
+        if not isinstance(refused_raw, list):
+            raise ProtocolError("REGISTERED: field 'refused' must be a list")
+        refused = []
+        for entry in refused_raw:
+            items = _str_list(entry, "REGISTERED: each refusal")
+            if len(items) != 2:
+                raise ProtocolError("REGISTERED: each refusal must be [name, reason]")
+            refused.append((items[0], items[1]))
+        return Registered(tuple(accepted), tuple(refused))
+    raise ProtocolError(f"unhandled control frame {ftype.name}")  # pragma: no cover
+
+
+def decode(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Frame:
+    """Parse one WebSocket message into one frame.
+
+    Raises :class:`ProtocolError` (and nothing else) for any malformed input. Its
+    ``stream_id`` is non-zero when only that stream is affected.
+    """
+    view = memoryview(message)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    if len(view) < HEADER_SIZE:
+        raise ProtocolError(f"frame of {len(view)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    if len(view) > limits.max_frame:
+        raise ProtocolError(f"frame of {len(view)} bytes exceeds the {limits.max_frame}-byte limit")
+    type_byte, flags, stream_id = HEADER.unpack_from(view)
+    try:
+        ftype = FrameType(type_byte)
+    except ValueError:
+        raise ProtocolError(f"unknown frame type 0x{type_byte:02x}", stream_id) from None
+    payload = view[HEADER_SIZE:]
+    if flags & ~FLAG_FIN or (flags and ftype not in _FIN_ALLOWED):
+        raise ProtocolError(f"invalid flags 0x{flags:02x} on {ftype.name}", stream_id)
+    fin = bool(flags & FLAG_FIN)
+
+    if ftype in CONTROL_TYPES:
+        if stream_id != 0:
+            raise ProtocolError(f"control frame {ftype.name} on stream {stream_id}")
+        return _decode_control(ftype, payload, limits)
+    if stream_id == 0:
+        raise ProtocolError(f"stream frame {ftype.name} on stream 0")
+
+    if ftype == FrameType.DATA:
+        if len(payload) > limits.max_data:
+            raise ProtocolError(
+                f"DATA of {len(payload)} bytes exceeds {limits.max_data}", stream_id, ResetCode.FLOW_CONTROL
+            )
+        return Data(stream_id, payload, fin)
+    if ftype == FrameType.WINDOW:
+        if len(payload) != 4:
+            raise ProtocolError("WINDOW payload must be 4 bytes", stream_id)
+        inc = int(_U32.unpack(payload)[0])
+        if not 0 < inc <= MAX_WINDOW_INCREMENT:
+            raise ProtocolError(f"WINDOW increment {inc} out of range", stream_id, ResetCode.FLOW_CONTROL)
+        return Window(stream_id, inc)
+    if ftype == FrameType.END:
+        if payload:
+            raise ProtocolError("END carries no payload", stream_id)
+        return End(stream_id)
+    if ftype == FrameType.RESET:
+        if not 2 <= len(payload) <= 2 + limits.max_reason:
+            raise ProtocolError("RESET payload has a bad length", stream_id)
+        code = int(_RESET_FIXED.unpack(payload[:2])[0])
+        return Reset(stream_id, code, bytes(payload[2:]).decode("utf-8", "replace"))
+    r = _Reader(payload, stream_id)
+    if ftype == FrameType.OPEN:
+        kind_byte, port = _OPEN_FIXED.unpack(r.take(_OPEN_FIXED.size, "OPEN"))
+        try:
+            kind = StreamKind(kind_byte)
+        except ValueError:
+            raise ProtocolError(f"unknown stream kind {kind_byte}", stream_id) from None
+        if port == 0:
+            raise ProtocolError("OPEN: port 0", stream_id)
+        node = r.text(r.u8("node length"), "node name", "utf-8")
+        method = r.text(r.u8("method length"), "method")
+        target = r.text(r.u16("target length"), "target")
+        headers = _decode_headers(r, limits)
+        r.done("OPEN")
+        if kind == StreamKind.HTTP and (not _TOKEN.match(method.encode()) or not target):
+            raise ProtocolError("OPEN: HTTP stream needs a method token and a target", stream_id)
+        return Open(stream_id, kind, node, port, method, target, headers, fin)
+    if ftype == FrameType.HEAD:
+        status, reason_len = _HEAD_FIXED.unpack(r.take(_HEAD_FIXED.size, "HEAD"))
+        if not 100 <= status <= 999:
+            raise ProtocolError(f"HEAD: status {status} out of range", stream_id)
+        reason = r.text(reason_len, "reason")
+        headers = _decode_headers(r, limits)
+        r.done("HEAD")
+        return Head(stream_id, status, reason, headers, fin)
+    raise ProtocolError(f"unhandled frame type {ftype.name}", stream_id)  # pragma: no cover

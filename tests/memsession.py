@@ -1,0 +1,48 @@
+"""Two sessions joined back to back in memory, for unit tests of the multiplexer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from raven import wire
+from raven.mux import OpenHandler, Session
+
+
+class QueueSink:
+    def __init__(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self.queue = queue
+        self.sent: list[bytes] = []
+
+    async def send(self, message: bytes) -> None:
+        self.sent.append(message)
+        await self.queue.put(message)
+
+    async def close(self) -> None:
+        await self.queue.put(None)
+
+
+async def drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    while True:
+        item = await queue.get()
+        if item is None:
+            return
+        yield item
+
+
+async def pair(
+    on_open: OpenHandler, window: int = 64 * 1024, heartbeat: tuple[float, float] = (5.0, 15.0)
+) -> tuple[Session, Session, list[asyncio.Task[None]]]:
+    to_agent: asyncio.Queue[bytes | None] = asyncio.Queue()
+    to_gateway: asyncio.Queue[bytes | None] = asyncio.Queue()
+    common = dict(local_window=window, peer_window=window, local_max_streams=64, peer_max_streams=64)
+    gw = Session(QueueSink(to_agent), opener=True, name="gw", **common)  # type: ignore[arg-type]
+    ag = Session(QueueSink(to_gateway), opener=False, name="ag", on_open=on_open, **common)  # type: ignore[arg-type]
+    gw.start(*heartbeat)
+    ag.start(*heartbeat)
+    tasks = [asyncio.create_task(gw.run(drain(to_gateway))), asyncio.create_task(ag.run(drain(to_agent)))]
+    return gw, ag, tasks
+
+
+def http_open(node: str = "edge-1", port: int = 9400) -> wire.Open:
+    return wire.Open(0, wire.StreamKind.HTTP, node, port, "GET", "/metrics", (("host", f"{node}:{port}"),), True)

@@ -1,0 +1,164 @@
+"""The multiplexer: streams, flow control, resets, heartbeat, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raven import wire
+from raven.flow import RecvWindow, SendCredit
+from raven.mux import Session, Stream, StreamReset
+from tests.memsession import http_open, pair
+
+
+def test_flow_accounting() -> None:
+    recv = RecvWindow(100)
+    recv.received(60, 1)
+    assert recv.consumed(30) == 0
+    assert recv.consumed(30) == 60  # half a window consumed: credit goes back in one batch
+    assert recv.credit == 100
+    with pytest.raises(wire.ProtocolError) as info:
+        recv.received(101, 1)
+    assert info.value.code == wire.ResetCode.FLOW_CONTROL
+    send = SendCredit(10)
+    assert send.take(25) == 10
+    assert send.take(1) == 0
+    send.grant(5, 1)
+    assert send.take(25) == 5
+    send.grant(1, 1)
+    with pytest.raises(wire.ProtocolError):
+        send.grant(wire.MAX_WINDOW_INCREMENT, 1)
+
+
+async def _close_all(*sessions: Session, tasks: list[asyncio.Task[None]]) -> None:
+    for s in sessions:
+        await s.close("test over")
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_request_response_and_streams_released() -> None:
+    body = bytes(range(256)) * 1000  # 256 KB, more than the 64 KiB window
+
+    async def serve(stream: Stream) -> None:
+        assert stream.open.node == "edge-1"
+        assert await stream.read() == b""  # GET: no body
+        stream.send_head(200, "OK", (("content-type", "text/plain"),))
+        await stream.write(body)
+        stream.end()
+
+    def on_open(stream: Stream) -> None:
+        asyncio.get_running_loop().create_task(serve(stream))
+
+    gw, ag, tasks = await pair(on_open)
+    try:
+        stream = gw.open_stream(http_open())
+        head = await asyncio.wait_for(stream.head(), 5)
+        assert head.status == 200
+        got = bytearray()
+        while chunk := await asyncio.wait_for(stream.read(), 5):
+            got += chunk
+        assert bytes(got) == body
+        await asyncio.sleep(0.05)
+        assert gw.in_flight == 0 and ag.in_flight == 0
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_slow_reader_does_not_stall_other_streams() -> None:
+    big = b"x" * (1024 * 1024)
+
+    async def serve(stream: Stream) -> None:
+        stream.send_head(200, "OK", ())
+        try:
+            await stream.write(big if stream.open.target == "/big" else b"small")
+            stream.end()
+        except StreamReset:
+            pass
+
+    def on_open(stream: Stream) -> None:
+        asyncio.get_running_loop().create_task(serve(stream))
+
+    gw, ag, tasks = await pair(on_open, window=64 * 1024)
+    try:
+        slow = gw.open_stream(wire.Open(0, wire.StreamKind.HTTP, "edge-1", 9400, "GET", "/big", (), True))
+        await asyncio.wait_for(slow.head(), 5)
+        await asyncio.sleep(0.2)
+        # The slow stream's sender is stuck on credit; at most one window is buffered here.
+        buffered = sum(len(c) for c in slow._chunks)
+        assert 0 < buffered <= 64 * 1024
+        fast = gw.open_stream(http_open())
+        await asyncio.wait_for(fast.head(), 5)
+        assert await asyncio.wait_for(fast.read(), 5) == b"small"
+        assert await asyncio.wait_for(fast.read(), 5) == b""
+        slow.close()
+        await asyncio.sleep(0.05)
+        assert gw.in_flight == 0 and ag.in_flight == 0
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_reset_reaches_the_opener_with_code() -> None:
+    def on_open(stream: Stream) -> None:
+        stream.reset(wire.ResetCode.CONNECT_FAILED, "dial 10.0.0.9:9400: connection refused")
+
+    gw, ag, tasks = await pair(on_open)
+    try:
+        stream = gw.open_stream(http_open())
+        with pytest.raises(StreamReset) as info:
+            await asyncio.wait_for(stream.head(), 5)
+        assert info.value.code == wire.ResetCode.CONNECT_FAILED
+        assert "connection refused" in info.value.reason
+        assert gw.in_flight == 0
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_session_close_resets_every_stream() -> None:
+    def on_open(stream: Stream) -> None:
+        stream.send_head(200, "OK", ())
+
+    gw, ag, tasks = await pair(on_open)
+    try:
+        stream = gw.open_stream(http_open())
+        await asyncio.wait_for(stream.head(), 5)
+        await ag.close("agent stopping")
+        with pytest.raises(StreamReset) as info:
+            await asyncio.wait_for(stream.read(), 5)
+        assert info.value.code == wire.ResetCode.SESSION_CLOSED
+        await asyncio.wait_for(gw.closed_event.wait(), 5)
+        assert gw.in_flight == 0 and ag.in_flight == 0
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_protocol_error_on_unknown_stream_and_garbage() -> None:
+    gw, ag, tasks = await pair(lambda s: None)
+    try:
+        # DATA for a stream that never existed: the agent answers with RESET, session lives.
+        ag.feed(wire.encode_data(99, b"zz"))
+        await asyncio.sleep(0.05)
+        assert not ag.closed
+        # Garbage on stream 0 ends the session, with a reason, no exception.
+        ag.feed(b"\xff\xff\x00\x00\x00\x00")
+        await asyncio.wait_for(ag.closed_event.wait(), 5)
+        assert "unknown frame type" in ag.close_reason
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_heartbeat_deadline_closes_silent_session() -> None:
+    to_nowhere: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    class Sink:
+        async def send(self, message: bytes) -> None:
+            await to_nowhere.put(message)
+
+        async def close(self) -> None:
+            pass
+
+    s = Session(Sink(), opener=True, name="lonely", local_window=1024, peer_window=1024,
+                local_max_streams=1, peer_max_streams=1)
+    s.start(0.1, 0.35)
+    await asyncio.wait_for(s.closed_event.wait(), 3)
+    assert "heartbeat timeout" in s.close_reason

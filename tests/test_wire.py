@@ -1,0 +1,170 @@
+"""The codec: round trips, strictness, and fuzzing with arbitrary bytes."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raven import wire
+
+token = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20)
+header_value = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=255), max_size=60)
+headers = st.lists(st.tuples(token, header_value), max_size=10).map(tuple)
+stream_id = st.integers(min_value=1, max_value=2**32 - 1)
+node = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")
+
+frames = st.one_of(
+    st.builds(wire.Data, stream_id, st.binary(max_size=2048), st.booleans()),
+    st.builds(wire.Window, stream_id, st.integers(1, wire.MAX_WINDOW_INCREMENT)),
+    st.builds(wire.End, stream_id),
+    st.builds(wire.Reset, stream_id, st.integers(0, 65535), st.text(max_size=50)),
+    st.builds(
+        wire.Open,
+        stream_id,
+        st.just(wire.StreamKind.HTTP),
+        node,
+        st.integers(1, 65535),
+        st.sampled_from(["GET", "HEAD", "POST"]),
+        st.from_regex(r"\A/[a-z0-9/?=&]{0,40}\Z"),
+        headers,
+        st.booleans(),
+    ),
+    st.builds(wire.Open, stream_id, st.just(wire.StreamKind.TCP), node, st.integers(1, 65535)),
+    st.builds(
+        wire.Head, stream_id, st.integers(100, 999), st.text(alphabet="ABCDEFGHIJ ", max_size=20), headers,
+        st.booleans(),
+    ),
+    st.builds(wire.Ping, st.integers(0, 2**64 - 1)),
+    st.builds(wire.Pong, st.integers(0, 2**64 - 1)),
+    st.builds(wire.Drain, st.text(max_size=40)),
+    st.builds(wire.GoAway, st.integers(0, 65535), st.text(max_size=40)),
+    st.builds(
+        wire.Hello, token, token, st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
+        st.integers(1, 2**31 - 1), st.integers(1, 1 << 20),
+    ),
+    st.builds(
+        wire.Welcome, st.integers(1, 9), token, st.integers(1, 100), st.floats(0.1, 60), st.floats(0.1, 60),
+        st.integers(1, 2**31 - 1), st.integers(1, 1 << 20),
+    ),
+    st.builds(wire.Register, st.lists(st.builds(wire.NodeInfo, node, token, token), max_size=5).map(tuple)),
+    st.builds(
+        wire.Registered, st.lists(node, max_size=5).map(tuple),
+        st.lists(st.tuples(node, st.text(max_size=30)), max_size=5).map(tuple),
+    ),
+)
+
+
+def _normalise(frame: wire.Frame) -> wire.Frame:
+    if isinstance(frame, wire.Data):
+        return wire.Data(frame.stream_id, bytes(frame.data), frame.fin)
+    return frame
+
+
+@given(frames)
+@settings(max_examples=600)
+def test_round_trip(frame: wire.Frame) -> None:
+    assert _normalise(wire.decode(wire.encode(frame))) == _normalise(frame)
+
+
+@given(st.binary(max_size=512))
+@settings(max_examples=2000)
+def test_arbitrary_bytes_raise_only_protocol_error(data: bytes) -> None:
+    try:
+        wire.decode(data)
+    except wire.ProtocolError as err:
+        assert err.reason
+
+
+@given(st.integers(0, 255), st.integers(0, 255), st.integers(0, 2**32 - 1), st.binary(max_size=300))
+@settings(max_examples=2000)
+def test_valid_header_arbitrary_payload(ftype: int, flags: int, sid: int, payload: bytes) -> None:
+    try:
+        wire.decode(wire.HEADER.pack(ftype, flags, sid) + payload)
+    except wire.ProtocolError as err:
+        assert err.reason
+
+
+@given(frames, st.data())
+@settings(max_examples=500)
+def test_mutated_frames_raise_only_protocol_error(frame: wire.Frame, data: st.DataObject) -> None:
+    raw = bytearray(wire.encode(frame))
+    for _ in range(data.draw(st.integers(1, 4))):
+        if len(raw) == 0:
+            break
+        op = data.draw(st.sampled_from(["flip", "truncate", "extend"]))
+        if op == "flip":
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] = data.draw(st.integers(0, 255))
+        elif op == "truncate":
+            del raw[data.draw(st.integers(0, len(raw) - 1)) :]
+        else:
+            raw += data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        wire.decode(bytes(raw))
+    except wire.ProtocolError:
+        pass
+
+
+def test_short_and_oversized_frames() -> None:
+    with pytest.raises(wire.ProtocolError, match="shorter"):
+        wire.decode(b"\x12\x00\x00")
+    limits = wire.Limits(max_frame=100)
+    with pytest.raises(wire.ProtocolError, match="exceeds"):
+        wire.decode(wire.encode_data(1, b"x" * 200), limits)
+
+
+def test_data_over_limit_is_a_stream_error() -> None:
+    with pytest.raises(wire.ProtocolError) as info:
+        wire.decode(wire.encode_data(7, b"x" * (wire.DEFAULT_LIMITS.max_data + 1)))
+    assert info.value.stream_id == 7
+    assert info.value.code == wire.ResetCode.FLOW_CONTROL
+
+
+def test_unknown_type_and_flags() -> None:
+    with pytest.raises(wire.ProtocolError, match="unknown frame type 0x7f"):
+        wire.decode(wire.HEADER.pack(0x7F, 0, 3))
+    with pytest.raises(wire.ProtocolError, match="invalid flags"):
+        wire.decode(wire.HEADER.pack(wire.FrameType.WINDOW, 1, 3) + struct.pack("!I", 1))
+
+
+def test_control_frames_only_on_stream_zero() -> None:
+    raw = bytearray(wire.encode(wire.Ping(1)))
+    raw[5] = 9
+    with pytest.raises(wire.ProtocolError, match="control frame PING on stream 9"):
+        wire.decode(bytes(raw))
+    with pytest.raises(wire.ProtocolError, match="on stream 0"):
+        wire.decode(wire.encode_data(0, b"x"))
+
+
+def test_header_injection_rejected() -> None:
+    with pytest.raises(wire.ProtocolError, match="invalid value"):
+        wire.encode(wire.Head(1, 200, "OK", (("x-a", "evil\r\nx-b: 1"),)))
+    with pytest.raises(wire.ProtocolError, match="invalid header name"):
+        wire.encode(wire.Head(1, 200, "OK", (("bad name", "v"),)))
+
+
+def test_window_zero_and_bad_json() -> None:
+    with pytest.raises(wire.ProtocolError, match="out of range"):
+        wire.decode(wire.HEADER.pack(wire.FrameType.WINDOW, 0, 1) + struct.pack("!I", 0))
+    with pytest.raises(wire.ProtocolError, match="not valid JSON"):
+        wire.decode(wire.HEADER.pack(wire.FrameType.HELLO, 0, 0) + b"{nope")
+    with pytest.raises(wire.ProtocolError, match="'window'"):
+        wire.decode(wire.HEADER.pack(wire.FrameType.HELLO, 0, 0) + b'{"agent":"a","session":"s","versions":[1]}')
+
+
+def test_too_many_headers() -> None:
+    frame = wire.Head(1, 200, "OK", tuple((f"h{i}", "v") for i in range(10)))
+    with pytest.raises(wire.ProtocolError, match="10 headers, limit 5"):
+        wire.decode(wire.encode(frame), wire.Limits(max_headers=5))
+
+
+def test_node_names() -> None:
+    assert wire.valid_node_name("edge-gpu-7")
+    assert wire.valid_node_name("edge-gpu-7.example.com")
+    assert not wire.valid_node_name("Edge")
+    assert not wire.valid_node_name("-edge")
+    assert not wire.valid_node_name("a" * 64)
+    assert not wire.valid_node_name("")
