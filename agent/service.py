@@ -1,0 +1,241 @@
+"""`raven agent`: dial the gateway, register this pool's nodes, serve streams, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import ssl
+import uuid
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from agent.forwarder import Forwarder
+from raven import pki, wire
+from raven.config import AgentConfig
+from raven.metrics import AgentMetrics
+from raven.mux import Session
+from raven.ops import start_ops_server
+from raven.tls import CertReloader, client_context
+from raven.transport import WebSocketSink, messages
+
+log = logging.getLogger("raven.agent")
+
+
+class HandshakeRefused(Exception):
+    pass
+
+
+def full_jitter(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, initial * 2**attempt)]."""
+    return rng.uniform(0, min(cap, initial * (2 ** min(attempt, 30))))
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.metrics = AgentMetrics()
+        self.ssl = client_context(cfg.tls)
+        ident = pki.load_identity(cfg.tls.cert)
+        self.name = cfg.name or ident.agent or ident.common_name
+        if cfg.pool not in ident.pools:
+            raise pki.PKIError(
+                f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {', '.join(ident.pools) or 'none'})"
+            )
+        self.reloader = CertReloader(self.ssl, cfg.tls)
+        self.session_id = uuid.uuid4().hex
+        self.sessions: set[Session] = set()
+        self.replica: str | None = None
+        self.draining = False
+        self._stop = asyncio.Event()
+        self._nodes = {n.name: n.address for n in cfg.nodes}
+        self.forwarder = Forwarder(
+            nodes=lambda: self._nodes,
+            allowed_ports=frozenset(cfg.allowed_ports),
+            metrics=self.metrics,
+            connect_timeout=cfg.connect_timeout,
+            default_timeout=cfg.request_timeout,
+            connections_per_node=cfg.upstream_connections_per_node,
+            draining=lambda: self.draining,
+        )
+        self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
+        self._rng = random.Random()
+        self.refused: list[tuple[str, str]] = []
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        if self.sessions:
+            return True, f"{len(self.sessions)} session(s) up"
+        return False, "no session to any gateway"
+
+    def node_infos(self) -> tuple[wire.NodeInfo, ...]:
+        return tuple(wire.NodeInfo(name, addr, self.cfg.pool) for name, addr in sorted(self._nodes.items()))
+
+    # ------------------------------------------------------------ one session
+
+    async def _connect_once(self, http: aiohttp.ClientSession) -> bool:
+        """Dial, handshake and serve one session. Returns True if the handshake succeeded."""
+        gw = self.cfg.gateway
+        lim = self.cfg.limits
+        async with asyncio.timeout(gw.dial_timeout):
+            ws = await http.ws_connect(
+                gw.url,
+                ssl=self.ssl,
+                server_hostname=gw.server_name,
+                max_msg_size=lim.max_frame,
+                compress=0,
+                autoping=True,
+                autoclose=True,
+            )
+        try:
+            async with asyncio.timeout(lim.handshake_timeout):
+                await ws.send_bytes(
+                    wire.encode(
+                        wire.Hello(self.name, self.session_id, wire.SUPPORTED_VERSIONS, lim.window,
+                                   lim.max_streams_per_session)
+                    )
+                )
+                msg = await ws.receive()
+            if msg.type != aiohttp.WSMsgType.BINARY:
+                raise HandshakeRefused(f"gateway closed the tunnel during the handshake ({msg.type.name})")
+            try:
+                welcome = wire.decode(msg.data, self.limits)
+            except wire.ProtocolError as err:
+                raise HandshakeRefused(f"bad WELCOME: {err.reason}") from None
+            if isinstance(welcome, wire.GoAway):
+                raise HandshakeRefused(f"gateway refused the session: {welcome.reason}")
+            if not isinstance(welcome, wire.Welcome):
+                raise HandshakeRefused(f"expected WELCOME, got {type(welcome).__name__}")
+            self.metrics.connects.labels("ok").inc()
+            self.replica = welcome.replica
+            await self._serve(ws, welcome)
+            return True
+        finally:
+            await ws.close()
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, welcome: wire.Welcome) -> None:
+        registered = asyncio.Event()
+
+        def on_control(frame: wire.ControlFrame) -> None:
+            if isinstance(frame, wire.Registered):
+                self.refused = list(frame.refused)
+                for name, reason in frame.refused:
+                    log.error("gateway %s refused node %r: %s", welcome.replica, name, reason)
+                log.info("gateway %s accepted %d node(s), refused %d", welcome.replica, len(frame.accepted),
+                         len(frame.refused))
+                registered.set()
+            elif isinstance(frame, wire.Drain):
+                # The gateway finishes its streams in flight, then closes; we redial after that.
+                log.info("gateway %s is draining: %s", welcome.replica, frame.reason)
+
+        session = Session(
+            WebSocketSink(ws),
+            opener=False,
+            name=f"gw:{welcome.replica}",
+            local_window=self.cfg.limits.window,
+            peer_window=welcome.window,
+            local_max_streams=self.cfg.limits.max_streams_per_session,
+            peer_max_streams=welcome.max_streams,
+            limits=self.limits,
+            on_open=self.forwarder.on_open,
+            on_control=on_control,
+        )
+        session.start(welcome.heartbeat_interval, welcome.heartbeat_timeout)
+        session.send_control(wire.Register(self.node_infos()))
+        self.sessions.add(session)
+        self.metrics.sessions.set(len(self.sessions))
+        log.info(
+            "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
+            welcome.replica, welcome.replicas, self.session_id[:8], len(self._nodes), self.cfg.pool,
+        )
+        try:
+            await session.run(messages(ws))
+        finally:
+            self.sessions.discard(session)
+            self.metrics.sessions.set(len(self.sessions))
+            log.warning("session to gateway %s ended: %s", welcome.replica, session.close_reason)
+
+    # ------------------------------------------------------------ dial loop
+
+    async def dial_forever(self) -> None:
+        attempt = 0
+        gw = self.cfg.gateway
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            while not self._stop.is_set():
+                try:
+                    if await self._connect_once(http):
+                        attempt = 0
+                except HandshakeRefused as exc:
+                    self.metrics.connects.labels("refused").inc()
+                    log.error("%s", exc)
+                except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
+                    self.metrics.connects.labels("failed").inc()
+                    log.warning("cannot reach gateway %s: %s", gw.url, _describe(exc))
+                if self._stop.is_set():
+                    break
+                delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
+                attempt += 1
+                log.info("reconnecting in %.2fs (attempt %d)", delay, attempt)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stop.wait()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def drain_and_stop(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: telling gateways, waiting up to %.0fs for %d stream(s) in flight",
+                 self.cfg.drain_grace, len(self.forwarder.tasks))
+        for s in list(self.sessions):
+            s.send_control(wire.Drain("agent is stopping"))
+        idle = await self.forwarder.wait_idle(self.cfg.drain_grace)
+        if not idle:
+            log.warning("drain grace over with %d stream(s) still in flight: cancelling them",
+                        len(self.forwarder.tasks))
+        self._stop.set()
+        for s in list(self.sessions):
+            await s.close("agent stopped", wire.ResetCode.DRAINING)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        ops = await start_ops_server(self.cfg.metrics_listen, self.metrics.registry, self.ready)
+        self.reloader.start()
+        stop_task: asyncio.Task[None] | None = None
+
+        def on_signal() -> None:
+            nonlocal stop_task
+            if stop_task is None:
+                stop_task = loop.create_task(self.drain_and_stop())
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        host = urlsplit(self.cfg.gateway.url).hostname
+        log.info("agent %s (pool %s) starting: gateway %s, %d node(s), ports %s", self.name, self.cfg.pool,
+                 host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
+        try:
+            await self.dial_forever()
+            if stop_task is not None:
+                await stop_task
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.forwarder.close()
+            await self.reloader.stop()
+            await ops.cleanup()
+        log.info("agent %s stopped", self.name)
+        return 0
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.WSServerHandshakeError):
+        return f"handshake refused with HTTP {exc.status}: {exc.message}"
+    return str(exc) or repr(exc)

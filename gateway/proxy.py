@@ -1,0 +1,479 @@
+"""The front end Prometheus talks to: route by Host, absolute URI or CONNECT, through the tunnel.
+
+Every failure that happens before the response head is answered with 4xx/5xx and a body
+that says which node and why (and the same line is logged). A failure after the head has
+been sent cannot change the status any more: the client connection is closed so that
+the response is visibly broken (short body or missing final chunk), never complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.registry import AgentSession, NodeEntry, Registry
+from raven import wire
+from raven.config import GatewayFront
+from raven.metrics import GatewayMetrics
+from raven.mux import Stream, StreamReset
+
+log = logging.getLogger("raven.gateway.proxy")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+DEADLINE_HEADER = "x-raven-timeout-ms"
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+
+# Status for a stream reset that arrives before the response head.
+RESET_STATUS = {
+    wire.ResetCode.CONNECT_FAILED: 502,
+    wire.ResetCode.REFUSED: 502,
+    wire.ResetCode.UPSTREAM_BROKEN: 502,
+    wire.ResetCode.PROTOCOL: 502,
+    wire.ResetCode.INTERNAL: 502,
+    wire.ResetCode.FLOW_CONTROL: 502,
+    wire.ResetCode.TIMEOUT: 504,
+    wire.ResetCode.DRAINING: 503,
+    wire.ResetCode.LIMIT: 503,
+    wire.ResetCode.SESSION_CLOSED: 502,
+    wire.ResetCode.CANCEL: 502,
+}
+
+
+class Refusal(Exception):
+    """An answer decided before any header was sent."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    node: str
+    port: int
+    path: str  # origin-form request target (path and query)
+    kind: wire.StreamKind
+
+
+def filter_headers(pairs: Any, drop_extra: frozenset[str] = frozenset()) -> wire.Headers:
+    """Drop hop-by-hop headers, those named by Connection, and Raven's own routing headers."""
+    named: set[str] = set()
+    for name, value in pairs:
+        if name.lower() == "connection":
+            named.update(t.strip().lower() for t in value.split(","))
+    out = []
+    for name, value in pairs:
+        low = name.lower()
+        if low in HOP_BY_HOP or low in named or low in drop_extra or low.startswith("x-raven-"):
+            continue
+        out.append((name, value))
+    return tuple(out)
+
+
+def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    host, sep, port_text = authority.rpartition(":")
+    if not sep or "]" in port_text:
+        host, port_text = authority, ""
+    if not port_text:
+        if default_port is None:
+            raise Refusal(400, f"{authority!r} has no port")
+        port = default_port
+    elif port_text.isdigit() and 0 < int(port_text) < 65536:
+        port = int(port_text)
+    else:
+        raise Refusal(400, f"bad port in {authority!r}")
+    node = host.lower().rstrip(".")
+    if not wire.valid_node_name(node):
+        raise Refusal(400, f"{host!r} is not a valid node name")
+    return node, port
+
+
+def parse_target(request: web.BaseRequest) -> Target:
+    """Find the node and port: CONNECT authority, absolute URI, or Host header."""
+    raw = request.raw_path
+    if request.method == "CONNECT":
+        node, port = _split_authority(raw, None)
+        return Target(node, port, "", wire.StreamKind.TCP)
+    if raw.startswith(("http://", "https://")):
+        parts = urlsplit(raw)
+        if parts.scheme != "http":
+            raise Refusal(400, "https:// targets must be reached with CONNECT")
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        node, port = _split_authority(parts.netloc.rpartition("@")[2], 80)
+        return Target(node, port, path, wire.StreamKind.HTTP)
+    host = request.headers.get("Host")
+    if not host:
+        raise Refusal(400, "request has no Host header: cannot tell which node it is for")
+    if not raw.startswith("/"):
+        raise Refusal(400, f"unsupported request target {raw[:60]!r}")
+    node, port = _split_authority(host, 80)
+    return Target(node, port, raw, wire.StreamKind.HTTP)
+
+
+class Proxy:
+    def __init__(
+        self, cfg: GatewayFront, registry: Registry, metrics: GatewayMetrics, draining: Callable[[], bool]
+    ) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.metrics = metrics
+        self.allowed_ports = frozenset(cfg.allowed_ports)
+        self.node_streams: dict[str, int] = {}
+        self.draining = draining
+
+    # ------------------------------------------------------------ entry point
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        start = time.monotonic()
+        pool = "-"
+        kind = "http"
+        try:
+            target = parse_target(request)
+            kind = target.kind.name.lower()
+            if target.port not in self.allowed_ports:
+                allowed = ", ".join(str(p) for p in sorted(self.allowed_ports))
+                raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
+            found = self.registry.lookup(target.node)
+            if found.entry is None:
+                raise Refusal(404, found.reason)
+            pool = found.entry.pool
+            if found.reason:
+                raise Refusal(503, found.reason)
+            deadline = start + self._timeout(request)
+            if target.kind == wire.StreamKind.TCP:
+                return await self._connect(request, target, found.entry, deadline, start)
+            return await self._http(request, target, found.entry, deadline, start)
+        except Refusal as ref:
+            return self._refuse(request, ref, pool, kind, start)
+
+    def _timeout(self, request: web.BaseRequest) -> float:
+        timeout = self.cfg.request_timeout
+        asked = request.headers.get("X-Prometheus-Scrape-Timeout-Seconds")
+        if asked:
+            try:
+                value = float(asked)
+            except ValueError:
+                value = 0.0
+            if 0 < value < timeout:
+                timeout = value
+        return timeout
+
+    def _refuse(self, request: web.BaseRequest, ref: Refusal, pool: str, kind: str, start: float) -> web.Response:
+        log.warning("%s %s -> %d: %s", request.method, request.raw_path[:200], ref.status, ref.reason)
+        self.metrics.requests.labels(pool, kind, str(ref.status)).inc()
+        self.metrics.latency.labels(pool).observe(time.monotonic() - start)
+        return web.Response(
+            status=ref.status,
+            text=f"raven: {ref.reason}\n",
+            headers={"X-Raven-Error": ref.reason[:200].encode("ascii", "replace").decode()},
+        )
+
+    # ------------------------------------------------------------ opening a stream, with one retry
+
+    def _claim(self, node: str) -> None:
+        n = self.node_streams.get(node, 0)
+        if n >= self.cfg.max_streams_per_node:
+            raise Refusal(503, f"node {node!r} already has {n} requests in flight (limit)")
+        self.node_streams[node] = n + 1
+
+    def _unclaim(self, node: str) -> None:
+        n = self.node_streams.get(node, 1) - 1
+        if n <= 0:
+            self.node_streams.pop(node, None)
+        else:
+            self.node_streams[node] = n
+
+    async def _open(
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        entry: NodeEntry,
+        deadline: float,
+        open_frame: wire.Open,
+        retryable: bool,
+        body: bool,
+    ) -> tuple[Stream, wire.Head, AgentSession]:
+        tried: list[AgentSession] = []
+        last: Refusal | None = None
+        for attempt in (1, 2):
+            chosen = self.registry.select(entry, tried)
+            if chosen is None:
+                if last is not None:
+                    raise last
+                reason = f"pool {entry.pool!r} has no usable agent for node {target.node!r}"
+                if entry.sessions:
+                    reason += " (all draining or closed)"
+                raise Refusal(503, reason)
+            tried.append(chosen)
+            try:
+                stream = chosen.session.open_stream(open_frame)
+            except StreamReset as exc:
+                last = Refusal(503, f"agent {chosen.agent}: {exc.reason}")
+                continue
+            self.metrics.streams.inc()
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(remaining):
+                    if body:
+                        await self._send_body(request, stream)
+                    head = await stream.head()
+                return stream, head, chosen
+            except TimeoutError:
+                stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
+                raise Refusal(
+                    504,
+                    f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no response head "
+                    f"within {self._timeout(request):.1f}s",
+                ) from None
+            except StreamReset as exc:
+                stream.close()
+                status = RESET_STATUS.get(exc.code, 502) if isinstance(exc.code, int) else 502
+                last = Refusal(
+                    status,
+                    f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
+                )
+                if attempt == 1 and retryable and len(entry.sessions) > 1:
+                    log.info("retrying %s on another agent of pool %r: %s", target.node, entry.pool, exc.reason)
+                    self.metrics.retries.labels(entry.pool).inc()
+                    continue
+                raise last from None
+            except BaseException:
+                stream.close()
+                raise
+        assert last is not None
+        raise last
+
+    async def _send_body(self, request: web.BaseRequest, stream: Stream) -> None:
+        sent = 0
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            await stream.write(chunk)
+            sent += len(chunk)
+        stream.end()
+        self.metrics.bytes.labels("-", "to_edge").inc(sent)
+
+    # ------------------------------------------------------------ HTTP
+
+    async def _http(
+        self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
+    ) -> web.StreamResponse:
+        headers = filter_headers(request.headers.items(), frozenset({"host"}))
+        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        headers = (("Host", f"{target.node}:{target.port}"), *headers, (DEADLINE_HEADER, str(remaining_ms)))
+        has_body = request.body_exists
+        open_frame = wire.Open(
+            0, wire.StreamKind.HTTP, target.node, target.port, request.method, target.path, headers, not has_body
+        )
+        self._claim(target.node)
+        try:
+            stream, head, chosen = await self._open(
+                request, target, entry, deadline, open_frame, request.method in IDEMPOTENT and not has_body, has_body
+            )
+            try:
+                return await self._relay_response(request, target, entry, stream, head, chosen, deadline, start)
+            finally:
+                stream.close()
+        finally:
+            self._unclaim(target.node)
+
+    async def _relay_response(
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        entry: NodeEntry,
+        stream: Stream,
+        head: wire.Head,
+        chosen: AgentSession,
+        deadline: float,
+        start: float,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(status=head.status, reason=head.reason or None)
+        out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
+        length = out_headers.get("Content-Length")
+        resp.headers.extend(out_headers)
+        resp.headers["X-Raven-Agent"] = chosen.agent
+        if length is not None and length.isdigit():
+            resp.content_length = int(length)
+        elif request.version >= (1, 1) and request.method != "HEAD":
+            resp.enable_chunked_encoding()
+        await resp.prepare(request)  # type: ignore[arg-type]
+        received = 0
+        try:
+            async with asyncio.timeout_at(self._loop_deadline(deadline)):
+                while chunk := await stream.read():
+                    received += len(chunk)
+                    await resp.write(chunk)
+        except (StreamReset, TimeoutError) as exc:
+            why = exc.reason if isinstance(exc, StreamReset) else "deadline passed mid-body"
+            log.warning(
+                "%s %s: response from node %r (pool %r, agent %s) broke after %d bytes: %s; "
+                "closing the client connection so the response is not taken as complete",
+                request.method, target.path, target.node, entry.pool, chosen.agent, received, why,
+            )
+            self._abort(request)
+            code = "504" if isinstance(exc, TimeoutError) else "502"
+            self.metrics.requests.labels(entry.pool, "http", f"broken-{code}").inc()
+            self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
+            return resp
+        except ConnectionError:
+            stream.reset(wire.ResetCode.CANCEL, "client went away")
+            self.metrics.requests.labels(entry.pool, "http", "client-gone").inc()
+            return resp
+        await resp.write_eof()
+        self.metrics.requests.labels(entry.pool, "http", str(head.status)).inc()
+        self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)
+        self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
+        return resp
+
+    @staticmethod
+    def _loop_deadline(deadline: float) -> float:
+        return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+    @staticmethod
+    def _abort(request: web.BaseRequest) -> None:
+        transport = request.transport
+        if transport is not None:
+            transport.close()
+
+    # ------------------------------------------------------------ CONNECT
+
+    async def _connect(
+        self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
+    ) -> web.StreamResponse:
+        open_frame = wire.Open(0, wire.StreamKind.TCP, target.node, target.port)
+        self._claim(target.node)
+        try:
+            stream, head, chosen = await self._open(request, target, entry, deadline, open_frame, True, False)
+            try:
+                if head.status != 200:
+                    raise Refusal(502, f"agent {chosen.agent} could not open {target.node}:{target.port}")
+                transport = request.transport
+                if transport is None:
+                    return web.Response(status=499)
+                transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
+                                chosen.agent.encode("ascii", "replace") + b"\r\n\r\n")
+                log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, chosen.agent, entry.pool)
+                sent, received = await _relay_tcp(request, stream, self.cfg.connect_idle_timeout)
+                self.metrics.requests.labels(entry.pool, "tcp", "200").inc()
+                self.metrics.bytes.labels(entry.pool, "to_edge").inc(sent)
+                self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
+                self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)
+                transport.close()
+                return web.Response(status=200)
+            finally:
+                stream.close()
+        finally:
+            self._unclaim(target.node)
+
+
+class _TunnelFeeder:
+    """Takes over the client connection's bytes after CONNECT (aiohttp's payload parser hook)."""
+
+    HIGH = 256 * 1024
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.eof = False
+        self.paused = False
+        self.wake = asyncio.Event()
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size > self.HIGH and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self.wake.set()
+        return False, b""
+
+    def feed_eof(self) -> None:
+        self.eof = True
+        self.wake.set()
+
+    def take(self) -> list[bytes]:
+        out, self.chunks, self.size = self.chunks, [], 0
+        if self.paused:
+            self.paused = False
+            with contextlib.suppress(Exception):
+                self.transport.resume_reading()
+        self.wake.clear()
+        return out
+
+
+async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> tuple[int, int]:
+    transport = request.transport
+    assert transport is not None
+    feeder = _TunnelFeeder(transport)  # type: ignore[arg-type]
+    request.protocol.set_parser(feeder)  # type: ignore[arg-type]
+    counts = [0, 0]
+
+    async def up() -> None:
+        while True:
+            async with asyncio.timeout(idle):
+                await feeder.wake.wait()
+            for chunk in feeder.take():
+                await stream.write(chunk)
+                counts[0] += len(chunk)
+            if feeder.eof and not feeder.chunks:
+                stream.end()
+                return
+
+    async def down() -> None:
+        while True:
+            async with asyncio.timeout(idle):
+                chunk = await stream.read()
+            if not chunk:
+                return
+            transport.write(bytes(chunk))
+            counts[1] += len(chunk)
+            while transport.get_write_buffer_size() > 256 * 1024 and not transport.is_closing():
+                await asyncio.sleep(0.005)
+
+    up_task = asyncio.ensure_future(up())
+    down_task = asyncio.ensure_future(down())
+    try:
+        done, _ = await asyncio.wait({up_task, down_task}, return_when=asyncio.FIRST_EXCEPTION)
+        if down_task in done and down_task.exception() is None:
+            pass  # the node closed its side: we close the client connection
+        elif up_task in done and up_task.exception() is None:
+            await down_task  # client half-closed: let the node finish
+    except (StreamReset, TimeoutError, ConnectionError) as exc:
+        log.info("CONNECT relay ended: %s", exc)
+    finally:
+        for task in (up_task, down_task):
+            task.cancel()
+        for task in (up_task, down_task):
+            with contextlib.suppress(BaseException):
+                await task
+    return counts[0], counts[1]

@@ -1,0 +1,195 @@
+"""Which agent sessions can serve which edge node, and which one a request goes to.
+
+A session is keyed by (agent identity, session id); removing a session never removes a
+newer one of the same agent. Each node belongs to one pool; the first live claim binds
+it, and a claim from an agent certified for another pool is refused with a reason.
+Selection is per node over the few sessions that claim it: healthy and not draining
+first, then the fewest streams in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from raven import wire
+from raven.mux import Session
+
+log = logging.getLogger("raven.gateway.registry")
+
+
+@dataclass(eq=False)
+class AgentSession:
+    agent: str
+    session_id: str
+    pools: frozenset[str]
+    session: Session
+    peer: str = ""
+    connected_at: float = field(default_factory=time.time)
+    draining: bool = False
+    nodes: set[str] = field(default_factory=set)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.agent, self.session_id)
+
+    @property
+    def usable(self) -> bool:
+        return not self.draining and not self.session.closed and not self.session.peer_draining
+
+    def __repr__(self) -> str:
+        return f"<agent {self.agent} session {self.session_id[:8]} pools={sorted(self.pools)}>"
+
+
+@dataclass
+class NodeEntry:
+    name: str
+    address: str
+    pool: str
+    sessions: list[AgentSession] = field(default_factory=list)
+
+
+class Lookup:
+    """Result of resolving a node name: the entry (or None) and a reason when unusable."""
+
+    __slots__ = ("entry", "reason")
+
+    def __init__(self, entry: NodeEntry | None, reason: str = "") -> None:
+        self.entry = entry
+        self.reason = reason
+
+
+class Registry:
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self.sessions: dict[tuple[str, str], AgentSession] = {}
+        self.nodes: dict[str, NodeEntry] = {}
+        self.on_change = on_change
+        self._turn = 0
+
+    # ------------------------------------------------------------ sessions
+
+    def add_session(self, s: AgentSession) -> AgentSession | None:
+        """Add a session; returns the older session with the same key, which the caller closes."""
+        old = self.sessions.get(s.key)
+        if old is not None:
+            self._drop_claims(old)
+        self.sessions[s.key] = s
+        return old
+
+    def remove_session(self, s: AgentSession) -> bool:
+        """Remove exactly this session object (never a newer one with the same key)."""
+        if self.sessions.get(s.key) is s:
+            del self.sessions[s.key]
+        else:
+            # Already replaced: its claims were dropped when the newer one arrived.
+            return False
+        self._drop_claims(s)
+        self._changed()
+        return True
+
+    def _drop_claims(self, s: AgentSession) -> None:
+        for name in s.nodes:
+            entry = self.nodes.get(name)
+            if entry is not None and s in entry.sessions:
+                entry.sessions.remove(s)
+        s.nodes = set()
+
+    # ------------------------------------------------------------ registration
+
+    def register(
+        self, s: AgentSession, nodes: Iterable[wire.NodeInfo]
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, reason), ...])."""
+        accepted: list[str] = []
+        refused: list[tuple[str, str]] = []
+        wanted: dict[str, wire.NodeInfo] = {}
+        for info in nodes:
+            reason = self._refusal(s, info)
+            if reason is None and info.name in wanted:
+                reason = "listed twice in one registration"
+            if reason is not None:
+                refused.append((info.name, reason))
+                log.warning(
+                    "refused registration of node %r (pool %r) from agent %s: %s",
+                    info.name, info.pool, s.agent, reason,
+                )
+                continue
+            wanted[info.name] = info
+        for name in list(s.nodes):
+            if name not in wanted:
+                entry = self.nodes.get(name)
+                if entry is not None and s in entry.sessions:
+                    entry.sessions.remove(s)
+                s.nodes.discard(name)
+        for name, info in wanted.items():
+            entry = self.nodes.get(name)
+            if entry is None or (not entry.sessions and entry.pool != info.pool):
+                if entry is not None:
+                    log.warning("node %r moves from pool %r to pool %r (no live claim held it)",
+                                name, entry.pool, info.pool)
+                entry = NodeEntry(name, info.address, info.pool)
+                self.nodes[name] = entry
+            entry.address = info.address
+            if s not in entry.sessions:
+                entry.sessions.append(s)
+            s.nodes.add(name)
+            accepted.append(name)
+        self._changed()
+        return accepted, refused
+
+    def _refusal(self, s: AgentSession, info: wire.NodeInfo) -> str | None:
+        if not wire.valid_node_name(info.name):
+            return "not a valid RFC 1123 node name"
+        if info.pool not in s.pools:
+            allowed = ", ".join(sorted(s.pools)) or "none"
+            return f"pool {info.pool!r} is not in this agent's certificate (allowed: {allowed})"
+        entry = self.nodes.get(info.name)
+        if entry is not None and entry.pool != info.pool and entry.sessions:
+            holders = ", ".join(sorted({x.agent for x in entry.sessions}))
+            return f"node already registered by pool {entry.pool!r} (agents: {holders})"
+        return None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # ------------------------------------------------------------ lookup and selection
+
+    def lookup(self, node: str) -> Lookup:
+        entry = self.nodes.get(node)
+        if entry is None:
+            return Lookup(None, f"node {node!r} is not registered with this gateway: no agent has claimed it")
+        if not entry.sessions:
+            return Lookup(entry, f"node {node!r} belongs to pool {entry.pool!r}, which has no agent connected")
+        return Lookup(entry)
+
+    def select(self, entry: NodeEntry, exclude: Iterable[AgentSession] = ()) -> AgentSession | None:
+        """Healthy, non-draining first; then the fewest streams in flight; ties rotate."""
+        excluded = set(exclude)
+        best: AgentSession | None = None
+        best_load = 0
+        sessions = entry.sessions
+        n = len(sessions)
+        self._turn += 1
+        for i in range(n):
+            s = sessions[(self._turn + i) % n]
+            if s in excluded or not s.usable:
+                continue
+            load = s.session.in_flight
+            if best is None or load < best_load:
+                best, best_load = s, load
+        return best
+
+    # ------------------------------------------------------------ views
+
+    def pools(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for entry in self.nodes.values():
+            if entry.sessions:
+                out.setdefault(entry.pool, []).append(entry.name)
+        return {k: sorted(v) for k, v in sorted(out.items())}
+
+    def reachable_nodes(self) -> list[NodeEntry]:
+        return sorted((e for e in self.nodes.values() if e.sessions), key=lambda e: e.name)

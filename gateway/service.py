@@ -1,0 +1,121 @@
+"""`raven gateway`: the tunnel endpoint, the proxy front end and the ops listener in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from gateway.proxy import Proxy
+from gateway.registry import Registry
+from gateway.tunnel import TunnelEndpoint
+from raven.config import GatewayConfig, split_host_port
+from raven.metrics import GatewayMetrics
+from raven.ops import start_ops_server
+from raven.tls import CertReloader, server_context
+
+log = logging.getLogger("raven.gateway")
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.metrics = GatewayMetrics()
+        self.registry = Registry()
+        self.ssl = server_context(cfg.tls)
+        self.reloader = CertReloader(self.ssl, cfg.tls)
+        self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
+        self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
+        self._runners: list[web.BaseRunner] = []
+        self._stopped = asyncio.Event()
+
+    def ready(self) -> tuple[bool, str]:
+        if self.tunnel.draining:
+            return False, "draining"
+        return True, f"{len(self.registry.sessions)} agent session(s), {len(self.registry.reachable_nodes())} node(s)"
+
+    async def http_sd(self, _: web.Request) -> web.Response:
+        """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port."""
+        groups = []
+        for entry in self.registry.reachable_nodes():
+            for port in self.cfg.front.allowed_ports:
+                groups.append({
+                    "targets": [f"{entry.name}:{port}"],
+                    "labels": {"node": entry.name, "pool": entry.pool, "port": str(port),
+                               "__meta_raven_agents": ",".join(sorted({s.agent for s in entry.sessions}))},
+                })
+        return web.json_response(groups)
+
+    async def start(self) -> None:
+        tunnel_app = web.Application()
+        tunnel_app.router.add_get(self.cfg.tunnel.path, self.tunnel.handle)
+        tunnel_runner = web.AppRunner(tunnel_app, access_log=None, shutdown_timeout=2.0)
+        await tunnel_runner.setup()
+        self._runners.append(tunnel_runner)
+        host, port = split_host_port(self.cfg.tunnel.listen)
+        await web.TCPSite(tunnel_runner, host, port, ssl_context=self.ssl, backlog=1024).start()
+
+        front = web.Server(
+            self.proxy.handle,
+            max_line_size=self.cfg.front.max_header_bytes,
+            max_field_size=self.cfg.front.max_header_bytes,
+            handler_cancellation=True,
+        )
+        front_runner = web.ServerRunner(front, access_log=None, shutdown_timeout=2.0)
+        await front_runner.setup()
+        self._runners.append(front_runner)
+        host, port = split_host_port(self.cfg.front.listen)
+        await web.TCPSite(front_runner, host, port, backlog=1024).start()
+
+        self._runners.append(
+            await start_ops_server(
+                self.cfg.metrics_listen, self.metrics.registry, self.ready, [("/sd", self.http_sd)]
+            )
+        )
+        self.reloader.start()
+        log.info(
+            "gateway %s up: tunnel wss://%s%s, front end %s (ports %s), metrics %s",
+            self.cfg.replica_id, self.cfg.tunnel.listen, self.cfg.tunnel.path, self.cfg.front.listen,
+            ",".join(map(str, self.cfg.front.allowed_ports)), self.cfg.metrics_listen,
+        )
+
+    async def drain(self) -> None:
+        """Refuse new agents, tell connected ones, let requests in flight finish, then stop."""
+        log.info("draining: waiting up to %.0fs for %d request(s) in flight", self.cfg.drain_grace,
+                 sum(self.proxy.node_streams.values()))
+        self.tunnel.start_drain()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.cfg.drain_grace
+        while self.proxy.node_streams and loop.time() < end:
+            await asyncio.sleep(0.05)
+        self._stopped.set()
+
+    async def stop(self) -> None:
+        for s in list(self.registry.sessions.values()):
+            await s.session.close("gateway stopping", 9)
+        await self.reloader.stop()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+
+    async def run(self) -> int:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        drain_task: list[asyncio.Task[None]] = []
+
+        def on_signal() -> None:
+            if not drain_task:
+                drain_task.append(loop.create_task(self.drain()))
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await self._stopped.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.stop()
+        log.info("gateway %s stopped", self.cfg.replica_id)
+        return 0

@@ -1,0 +1,194 @@
+"""The gateway's tunnel endpoint: mutual-TLS WebSocket, HELLO/WELCOME, registrations."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+
+from aiohttp import web
+
+from gateway.registry import AgentSession, Registry
+from raven import pki, wire
+from raven.config import GatewayConfig
+from raven.metrics import GatewayMetrics
+from raven.mux import Session, Stream
+from raven.transport import WebSocketSink, messages
+
+log = logging.getLogger("raven.gateway.tunnel")
+
+
+class TunnelEndpoint:
+    def __init__(self, cfg: GatewayConfig, registry: Registry, metrics: GatewayMetrics) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.metrics = metrics
+        self.draining = False
+        self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    def _refuse(self, peer: str, reason: str, status: int) -> web.Response:
+        log.warning("tunnel handshake from %s refused: %s", peer, reason)
+        self.metrics.handshake_failures.labels(reason.split(":")[0][:40]).inc()
+        return web.Response(status=status, text=reason + "\n")
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        peer = request.remote or "?"
+        if self.draining:
+            return self._refuse(peer, "gateway is draining", 503)
+        ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
+        der = ssl_obj.getpeercert(binary_form=True) if isinstance(ssl_obj, ssl.SSLObject) else None
+        if not der:
+            return self._refuse(peer, "client certificate required", 401)
+        try:
+            ident = pki.identity_from_der(der)
+        except pki.PKIError as exc:
+            return self._refuse(peer, f"unreadable client certificate: {exc}", 403)
+        if ident.role != "agent" or not ident.pools:
+            return self._refuse(peer, f"certificate {ident.common_name!r} is not an agent certificate with pools", 403)
+
+        ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame, compress=False, autoping=True)
+        await ws.prepare(request)
+        task = asyncio.current_task()
+        if task is not None:
+            self.handlers.add(task)
+        try:
+            await self._serve(ws, ident, peer)
+        finally:
+            if task is not None:
+                self.handlers.discard(task)
+            if not ws.closed:
+                await ws.close()
+        return ws
+
+    async def _handshake(self, ws: web.WebSocketResponse, ident: pki.Identity, peer: str) -> wire.Hello | None:
+        lim = self.cfg.limits
+        try:
+            async with asyncio.timeout(lim.handshake_timeout):
+                msg = await ws.receive_bytes()
+        except TimeoutError:
+            log.warning("agent %s (%s): no HELLO within %.0fs", ident.common_name, peer, lim.handshake_timeout)
+            return None
+        except (TypeError, ConnectionError) as exc:
+            log.warning("agent %s (%s): bad first message: %s", ident.common_name, peer, exc)
+            return None
+        try:
+            hello = wire.decode(msg, self.limits)
+        except wire.ProtocolError as err:
+            await self._goaway(ws, f"bad HELLO: {err.reason}")
+            return None
+        if not isinstance(hello, wire.Hello):
+            await self._goaway(ws, "first frame must be HELLO")
+            return None
+        expected = ident.agent or ident.common_name
+        if hello.agent != expected:
+            await self._goaway(ws, f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}")
+            return None
+        if wire.PROTOCOL_VERSION not in hello.versions:
+            await self._goaway(
+                ws, f"no common protocol version: agent speaks {list(hello.versions)}, gateway {wire.PROTOCOL_VERSION}"
+            )
+            return None
+        return hello
+
+    async def _goaway(self, ws: web.WebSocketResponse, reason: str) -> None:
+        log.warning("closing tunnel: %s", reason)
+        self.metrics.handshake_failures.labels(reason.split(":")[0][:40]).inc()
+        try:
+            async with asyncio.timeout(2):
+                await ws.send_bytes(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, reason)))
+        except (TimeoutError, ConnectionError):
+            pass
+
+    async def _serve(self, ws: web.WebSocketResponse, ident: pki.Identity, peer: str) -> None:
+        hello = await self._handshake(ws, ident, peer)
+        if hello is None:
+            return
+        lim = self.cfg.limits
+        await ws.send_bytes(
+            wire.encode(
+                wire.Welcome(
+                    version=wire.PROTOCOL_VERSION,
+                    replica=self.cfg.replica_id,
+                    replicas=self.cfg.replicas,
+                    heartbeat_interval=lim.heartbeat_interval,
+                    heartbeat_timeout=lim.heartbeat_timeout,
+                    window=lim.window,
+                    max_streams=lim.max_streams_per_session,
+                )
+            )
+        )
+        pools = frozenset(ident.pools)
+        holder: list[AgentSession] = []
+
+        def on_control(frame: wire.ControlFrame) -> None:
+            agent_session = holder[0]
+            if isinstance(frame, wire.Register):
+                accepted, refused = self.registry.register(agent_session, frame.nodes)
+                for name, reason in refused:
+                    pool = next((n.pool for n in frame.nodes if n.name == name), "?")
+                    self.metrics.refusals.labels(pool, reason.split(" ")[0]).inc()
+                    del name
+                log.info(
+                    "agent %s session %s registered %d nodes (%d refused)",
+                    agent_session.agent, agent_session.session_id[:8], len(accepted), len(refused),
+                )
+                session.send_control(wire.Registered(tuple(accepted), tuple(refused)))
+                self._update_gauges()
+            elif isinstance(frame, wire.Drain):
+                agent_session.draining = True
+                log.info("agent %s session %s is draining: %s", agent_session.agent,
+                         agent_session.session_id[:8], frame.reason)
+            else:
+                log.info("agent %s sent unexpected %s; ignored", agent_session.agent, type(frame).__name__)
+
+        def on_stream_closed(_: Stream) -> None:
+            self.metrics.streams.dec()
+
+        session = Session(
+            WebSocketSink(ws),
+            opener=True,
+            name=f"{hello.agent}/{hello.session[:8]}",
+            local_window=lim.window,
+            peer_window=hello.window,
+            local_max_streams=lim.max_streams_per_session,
+            peer_max_streams=min(hello.max_streams, lim.max_streams_per_session),
+            limits=self.limits,
+            on_control=on_control,
+            on_stream_closed=on_stream_closed,
+        )
+        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer)
+        holder.append(agent_session)
+        old = self.registry.add_session(agent_session)
+        if old is not None:
+            log.info("agent %s reconnected with session %s: closing the older one", hello.agent, hello.session[:8])
+            await old.session.close("replaced by a newer connection of the same session")
+        for pool in pools:
+            self.metrics.sessions.labels(pool).inc()
+        log.info("agent %s connected from %s (session %s, pools %s)", hello.agent, peer, hello.session[:8],
+                 ",".join(sorted(pools)))
+        session.start(lim.heartbeat_interval, lim.heartbeat_timeout)
+        if self.draining:
+            session.send_control(wire.Drain("gateway is draining"))
+        try:
+            await session.run(messages(ws))
+        finally:
+            self.registry.remove_session(agent_session)
+            for pool in pools:
+                self.metrics.sessions.labels(pool).dec()
+            self._update_gauges()
+            log.info("agent %s session %s closed: %s", hello.agent, hello.session[:8], session.close_reason)
+
+    def _update_gauges(self) -> None:
+        counts: dict[str, int] = {}
+        for entry in self.registry.nodes.values():
+            counts.setdefault(entry.pool, 0)
+            if entry.sessions:
+                counts[entry.pool] += 1
+        for pool, n in counts.items():
+            self.metrics.nodes.labels(pool).set(n)
+
+    def start_drain(self) -> None:
+        self.draining = True
+        for s in list(self.registry.sessions.values()):
+            s.session.send_control(wire.Drain("gateway is draining"))

@@ -1,0 +1,238 @@
+"""Configuration for `raven gateway` and `raven agent`: YAML file, then environment, then flags.
+
+Precedence, lowest first: built-in defaults, the YAML file (``--config``), environment
+variables (``RAVEN_<FIELD>``, nested with ``__``: ``RAVEN_TLS__CERT=/etc/raven/tls.crt``),
+then ``--set field.path=value`` and the dedicated flags. An invalid file fails at start
+with one line per problem naming the field, e.g. ``tunnel.listen: expected HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raven import wire
+
+
+class ConfigError(Exception):
+    """A configuration problem a user can fix; the message names the field."""
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+def _node_name(value: str) -> str:
+    if not wire.valid_node_name(value):
+        raise ValueError(f"{value!r} is not a valid node name (RFC 1123: lower-case letters, digits, '-', '.')")
+    return value
+
+
+def _pool_name(value: str) -> str:
+    if not wire.valid_node_name(value) or "." in value:
+        raise ValueError(f"{value!r} is not a valid pool name (an RFC 1123 label)")
+    return value
+
+
+HostPort = Annotated[str, AfterValidator(_host_port)]
+NodeName = Annotated[str, AfterValidator(_node_name)]
+PoolName = Annotated[str, AfterValidator(_pool_name)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Seconds = Annotated[float, Field(gt=0, le=86400)]
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TLSConfig(_Model):
+    cert: Path = Field(description="PEM certificate of this side")
+    key: Path = Field(description="PEM private key of this side")
+    ca: Path = Field(description="PEM CA bundle that the peer's certificate must chain to")
+    reload_interval: Seconds = Field(60.0, description="how often to re-read rotated certificate files")
+
+    @model_validator(mode="after")
+    def _files_exist(self) -> TLSConfig:
+        for name in ("cert", "key", "ca"):
+            path: Path = getattr(self, name)
+            if not path.is_file():
+                raise ValueError(f"{name}: file {str(path)!r} does not exist")
+        return self
+
+
+class TunnelLimits(_Model):
+    window: int = Field(256 * 1024, ge=16 * 1024, le=16 * 1024 * 1024, description="per-stream receive window")
+    max_streams_per_session: int = Field(1024, ge=1, le=1 << 20)
+    max_frame: int = Field(1 << 20, ge=64 * 1024, le=16 << 20)
+    heartbeat_interval: Seconds = 3.0
+    heartbeat_timeout: Seconds = 10.0
+    handshake_timeout: Seconds = 10.0
+
+
+class GatewayTunnel(_Model):
+    listen: HostPort = "0.0.0.0:10262"
+    path: str = "/tunnel"
+
+
+class GatewayFront(_Model):
+    listen: HostPort = Field("0.0.0.0:10263", description="where Prometheus's requests arrive (all ports)")
+    allowed_ports: list[Port] = Field(default_factory=lambda: [9100, 9400])
+    request_timeout: Seconds = Field(30.0, description="deadline for a whole request unless Prometheus asks less")
+    connect_idle_timeout: Seconds = Field(300.0, description="CONNECT tunnels idle longer than this are closed")
+    max_streams_per_node: int = Field(64, ge=1)
+    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+
+
+class GatewayConfig(_Model):
+    replica_id: str = Field(default_factory=socket.gethostname)
+    replicas: int = Field(1, ge=1, description="how many gateway replicas serve this Service")
+    tunnel: GatewayTunnel = GatewayTunnel()
+    front: GatewayFront = GatewayFront()
+    metrics_listen: HostPort = "0.0.0.0:10265"
+    tls: TLSConfig
+    limits: TunnelLimits = TunnelLimits()
+    drain_grace: Seconds = 20.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class AgentNode(_Model):
+    name: NodeName
+    address: str = Field(description="IP address or resolvable name of the node inside the edge network")
+
+
+class AgentGateway(_Model):
+    url: str = Field("wss://raven-gateway:10262/tunnel", description="wss:// URL of the gateway tunnel")
+    server_name: str | None = Field(None, description="name to verify in the gateway certificate")
+    dial_timeout: Seconds = 10.0
+    backoff_initial: Seconds = 0.5
+    backoff_max: Seconds = 30.0
+
+    @model_validator(mode="after")
+    def _wss(self) -> AgentGateway:
+        if not self.url.startswith("wss://"):
+            raise ValueError(f"url: must start with wss:// (TLS is required), got {self.url!r}")
+        return self
+
+
+class AgentConfig(_Model):
+    name: str | None = Field(None, description="agent identity; defaults to the certificate's agent name")
+    pool: PoolName
+    gateway: AgentGateway = AgentGateway()
+    nodes: list[AgentNode] = Field(default_factory=list)
+    allowed_ports: list[Port] = Field(default_factory=lambda: [9100, 9400])
+    connect_timeout: Seconds = Field(3.0, description="deadline to open a connection to a node port")
+    request_timeout: Seconds = Field(30.0, description="default deadline when the gateway sends none")
+    upstream_connections_per_node: int = Field(16, ge=1, le=1024)
+    metrics_listen: HostPort = "0.0.0.0:10266"
+    tls: TLSConfig
+    limits: TunnelLimits = TunnelLimits()
+    drain_grace: Seconds = 20.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> AgentConfig:
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.name in seen:
+                raise ValueError(f"nodes: {node.name!r} is listed twice")
+            seen.add(node.name)
+        return self
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"empty field path in {dotted!r}")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _scalar(text: str) -> Any:
+    """Parse an override value as YAML, so that ``9400`` is a number and ``[1, 2]`` a list."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_tree(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return tree
+
+
+def build(
+    model: type[GatewayConfig] | type[AgentConfig],
+    path: Path | None,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+) -> Any:
+    """Load a config: file, then ``RAVEN_*`` environment, then ``field.path=value`` overrides."""
+    tree = load_tree(path)
+    # Relative TLS paths in a file are relative to the file's folder; in flags, to the cwd.
+    root = base_dir or (path.parent if path is not None else None)
+    tls = tree.get("tls")
+    if root is not None and isinstance(tls, dict):
+        for name in ("cert", "key", "ca"):
+            value = tls.get(name)
+            if isinstance(value, str) and not os.path.isabs(value):
+                tls[name] = str(root / value)
+    env = os.environ if environ is None else environ
+    for key, value in sorted(env.items()):
+        if key.startswith("RAVEN_") and key != "RAVEN_CONFIG":
+            dotted = key.removeprefix("RAVEN_").lower().replace("__", ".")
+            _set_path(tree, dotted, _scalar(value))
+    for item in overrides:
+        field, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like field.path=value")
+        _set_path(tree, field.strip(), _scalar(value))
+    try:
+        return model.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, str(path) if path else "flags and environment")) from None

@@ -1,0 +1,231 @@
+"""Start a real gateway and real agents as processes on loopback (demo, tests, benchmarks).
+
+Everything lives under one work folder: an ephemeral PKI, one YAML config per process and
+one log file per process. :meth:`LocalCluster.close` stops every process it started, on
+every path, and kills those that do not stop within their grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from raven import pki
+from raven.simexporter import SimNode
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PoolSpec:
+    name: str
+    nodes: list[SimNode]
+    agents: int = 2
+
+
+@dataclass
+class Proc:
+    name: str
+    process: asyncio.subprocess.Process
+    log: Path
+    metrics_port: int
+    config: Path
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class LocalCluster:
+    workdir: Path
+    pools: list[PoolSpec]
+    allowed_ports: list[int] = field(default_factory=lambda: [9100, 9400])
+    gateway_settings: dict[str, Any] = field(default_factory=dict)
+    agent_settings: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.certs = self.workdir / "pki"
+        self.front_port = free_port()
+        self.tunnel_port = free_port()
+        self.gateway_metrics_port = free_port()
+        self.gateway: Proc | None = None
+        self.agents: dict[str, Proc] = {}
+
+    @property
+    def front_url(self) -> str:
+        return f"http://127.0.0.1:{self.front_port}"
+
+    @property
+    def sd_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_metrics_port}/sd"
+
+    def agent_names(self, pool: PoolSpec) -> list[str]:
+        return [f"agent-{pool.name}-{i}" for i in range(1, pool.agents + 1)]
+
+    # ------------------------------------------------------------ files
+
+    def make_pki(self) -> None:
+        pki.create_ca(self.certs, common_name="Raven ephemeral CA")
+        pki.issue(self.certs, self.certs, "gateway", "raven-gateway", dns_names=["raven-gateway", "localhost"],
+                  ip_addresses=["127.0.0.1"], days=2)
+        for pool in self.pools:
+            for name in self.agent_names(pool):
+                pki.issue(self.certs, self.certs, "agent", name, pools=[pool.name], days=2)
+
+    def _write(self, name: str, tree: dict[str, Any]) -> Path:
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tree, sort_keys=False))
+        return path
+
+    def gateway_config(self) -> Path:
+        tree: dict[str, Any] = {
+            "replica_id": "gw-1",
+            "tunnel": {"listen": f"127.0.0.1:{self.tunnel_port}"},
+            "front": {"listen": f"127.0.0.1:{self.front_port}", "allowed_ports": self.allowed_ports},
+            "metrics_listen": f"127.0.0.1:{self.gateway_metrics_port}",
+            "tls": {"cert": str(self.certs / "raven-gateway.pem"), "key": str(self.certs / "raven-gateway-key.pem"),
+                    "ca": str(self.certs / "ca.pem")},
+            "drain_grace": 5,
+        }
+        _merge(tree, self.gateway_settings)
+        return self._write("gateway", tree)
+
+    def agent_config(self, pool: PoolSpec, name: str, metrics_port: int) -> Path:
+        tree: dict[str, Any] = {
+            "pool": pool.name,
+            "gateway": {"url": f"wss://127.0.0.1:{self.tunnel_port}/tunnel", "server_name": "raven-gateway",
+                        "backoff_initial": 0.2, "backoff_max": 2},
+            "nodes": [{"name": n.name, "address": n.host} for n in pool.nodes],
+            "allowed_ports": self.allowed_ports,
+            "metrics_listen": f"127.0.0.1:{metrics_port}",
+            "tls": {"cert": str(self.certs / f"{name}.pem"), "key": str(self.certs / f"{name}-key.pem"),
+                    "ca": str(self.certs / "ca.pem")},
+            "drain_grace": 5,
+        }
+        _merge(tree, self.agent_settings)
+        return self._write(name, tree)
+
+    # ------------------------------------------------------------ processes
+
+    async def _spawn(self, name: str, args: list[str], metrics_port: int, config: Path) -> Proc:
+        log = self.workdir / f"{name}.log"
+        env = {**os.environ, **self.env}
+        with log.open("ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "raven.cli", *args,
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+            )
+        return Proc(name, process, log, metrics_port, config)
+
+    async def start_gateway(self) -> Proc:
+        config = self.gateway_config()
+        self.gateway = await self._spawn("gateway", ["gateway", "--config", str(config)],
+                                         self.gateway_metrics_port, config)
+        await self.wait_ready(self.gateway)
+        return self.gateway
+
+    async def start_agent(self, pool: PoolSpec, name: str, wait: bool = True) -> Proc:
+        old = self.agents.get(name)
+        port = old.metrics_port if old is not None else free_port()
+        config = self.agent_config(pool, name, port)
+        proc = await self._spawn(name, ["agent", "--config", str(config)], port, config)
+        self.agents[name] = proc
+        if wait:
+            await self.wait_ready(proc)
+        return proc
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.make_pki()
+        await self.start_gateway()
+        starts = [self.start_agent(pool, name, wait=False) for pool in self.pools for name in self.agent_names(pool)]
+        await asyncio.gather(*starts)
+        for proc in self.agents.values():
+            await self.wait_ready(proc, timeout)
+        await self.wait_registered(timeout)
+
+    async def wait_ready(self, proc: Proc, timeout: float = 30.0) -> None:
+        url = f"http://127.0.0.1:{proc.metrics_port}/readyz"
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while loop.time() < end:
+                if not proc.running:
+                    raise RuntimeError(f"{proc.name} exited with code {proc.process.returncode}:\n{proc.log_tail()}")
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with http.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"{proc.name} not ready within {timeout:.0f}s:\n{proc.log_tail()}")
+
+    async def sd(self) -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            async with http.get(self.sd_url) as resp:
+                data: list[dict[str, Any]] = json.loads(await resp.text())
+                return data
+
+    async def wait_registered(self, timeout: float = 30.0, agents_per_node: int | None = None) -> None:
+        """Wait until every node is reachable, through ``agents_per_node`` agents (default: all of its pool)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        want = {n.name: (agents_per_node or p.agents) for p in self.pools for n in p.nodes}
+        have: dict[str, int] = {}
+        while loop.time() < end:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                have = {}
+                for group in await self.sd():
+                    labels = group["labels"]
+                    have[labels["node"]] = len(labels["__meta_raven_agents"].split(","))
+                if all(have.get(node, 0) >= n for node, n in want.items()):
+                    return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"nodes not registered within {timeout:.0f}s: want {want}, have {have}")
+
+    async def stop(self, proc: Proc, sig: int = signal.SIGTERM, grace: float = 10.0) -> int:
+        if proc.running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.process.send_signal(sig)
+            try:
+                async with asyncio.timeout(grace):
+                    await proc.process.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.process.kill()
+                await proc.process.wait()
+        return proc.process.returncode if proc.process.returncode is not None else -1
+
+    async def close(self) -> None:
+        procs = list(self.agents.values()) + ([self.gateway] if self.gateway else [])
+        await asyncio.gather(*(self.stop(p, grace=8.0) for p in procs), return_exceptions=True)
+
+
+def _merge(tree: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            _merge(tree[key], value)
+        else:
+            tree[key] = value

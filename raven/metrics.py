@@ -1,0 +1,56 @@
+"""Prometheus metrics of both services, each in its own registry (several can share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("raven_gateway_sessions", "Agent sessions connected", ["pool"], registry=r)
+        self.streams = Gauge("raven_gateway_streams_in_flight", "Streams open through the tunnel", registry=r)
+        self.requests = Counter(
+            "raven_gateway_requests", "Proxied requests by pool, kind and response code", ["pool", "kind", "code"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "raven_gateway_request_duration_seconds", "Time to the last byte of a proxied response", ["pool"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.bytes = Counter(
+            "raven_gateway_bytes", "Body bytes proxied, by direction (to_edge, from_edge)", ["pool", "direction"],
+            registry=r,
+        )
+        self.retries = Counter("raven_gateway_retries", "Requests retried on another agent", ["pool"], registry=r)
+        self.refusals = Counter(
+            "raven_gateway_registration_refusals", "Node registrations refused", ["pool", "reason"], registry=r
+        )
+        self.nodes = Gauge("raven_gateway_nodes", "Edge nodes with at least one agent session", ["pool"], registry=r)
+        self.handshake_failures = Counter(
+            "raven_gateway_handshake_failures", "Tunnel handshakes that failed", ["reason"], registry=r
+        )
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("raven_agent_sessions", "Sessions up to gateway replicas", registry=r)
+        self.connects = Counter("raven_agent_connect_attempts", "Dial attempts by result", ["result"], registry=r)
+        self.streams = Gauge("raven_agent_streams_in_flight", "Streams being forwarded", registry=r)
+        self.requests = Counter(
+            "raven_agent_requests", "Forwarded requests by node, kind and outcome", ["node", "kind", "code"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "raven_agent_upstream_duration_seconds", "Time to the last byte from the node", ["node"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.bytes = Counter(
+            "raven_agent_bytes", "Body bytes forwarded, by direction (to_node, from_node)", ["direction"], registry=r
+        )
+        self.refused = Counter("raven_agent_refused_streams", "Streams refused by the agent", ["reason"], registry=r)

@@ -1,0 +1,39 @@
+"""The operations listener of each service: /metrics, /healthz, /readyz."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from raven.config import split_host_port
+
+
+async def start_ops_server(
+    listen: str,
+    registry: CollectorRegistry,
+    ready: Callable[[], tuple[bool, str]],
+    extra: Sequence[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = (),
+) -> web.AppRunner:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok, why = ready()
+        return web.Response(status=200 if ok else 503, text=why + "\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    for path, handler in extra:
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, port = split_host_port(listen)
+    await web.TCPSite(runner, host, port).start()
+    return runner
