@@ -463,11 +463,11 @@ async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> t
     up_task = asyncio.ensure_future(up())
     down_task = asyncio.ensure_future(down())
     try:
-        done, _ = await asyncio.wait({up_task, down_task}, return_when=asyncio.FIRST_EXCEPTION)
-        if down_task in done and down_task.exception() is None:
-            pass  # the node closed its side: we close the client connection
-        elif up_task in done and up_task.exception() is None:
-            await down_task  # client half-closed: let the node finish
+        done, _ = await asyncio.wait({up_task, down_task}, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # re-raise what ended it
+        if down_task not in done:
+            await down_task  # the client half-closed: let the node finish its answer
     except (StreamReset, TimeoutError, ConnectionError) as exc:
         log.info("CONNECT relay ended: %s", exc)
     finally:

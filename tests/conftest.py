@@ -1,0 +1,82 @@
+"""Shared fixtures: a real gateway and real agents (processes) with simulated GPU nodes on loopback."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from raven.launch import LocalCluster, PoolSpec
+from raven.simexporter import SimExporter, SimNode
+
+# Tests use 127.0.10.0/24 so they never clash with the demo (127.0.0.x).
+HOSTS = [f"127.0.10.{i}" for i in range(2, 12)]
+
+
+def _port_free_everywhere(port: int, hosts: list[str]) -> bool:
+    for host in hosts:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+def pick_node_port(hosts: list[str]) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if _port_free_everywhere(port, hosts):
+            return port
+    raise RuntimeError("no free port on the test hosts")
+
+
+class Bed:
+    """A running cluster plus its exporter, and the pools by name."""
+
+    def __init__(self, cluster: LocalCluster, exporter: SimExporter, port: int, tcp_port: int) -> None:
+        self.cluster = cluster
+        self.exporter = exporter
+        self.port = port
+        self.tcp_port = tcp_port
+        self.pools = {p.name: p for p in cluster.pools}
+
+    async def restore(self) -> None:
+        """Bring every agent back after a test killed some; reset exporter modes."""
+        for pool in self.cluster.pools:
+            for node in pool.nodes:
+                self.exporter.set_mode(node.name, "ok")
+            for name in self.cluster.agent_names(pool):
+                proc = self.cluster.agents.get(name)
+                if proc is None or not proc.running:
+                    await self.cluster.start_agent(pool, name)
+        await self.cluster.wait_registered(30)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bed() -> AsyncIterator[Bed]:
+    port = pick_node_port(HOSTS)
+    tcp_port = pick_node_port(HOSTS)  # for CONNECT tests: a TLS server stands in for a kubelet
+    pool_a = [SimNode(f"edge-a-{i}", HOSTS[i - 1], port) for i in (1, 2, 3)]
+    # pool-b has one agent, so that two streams are sure to share a session; edge-b-2 is large.
+    pool_b = [SimNode("edge-b-1", HOSTS[3], port), SimNode("edge-b-2", HOSTS[4], port, size=4 * 1024 * 1024)]
+    exporter = SimExporter(pool_a + pool_b)
+    await exporter.start()
+    workdir = Path(tempfile.mkdtemp(prefix="raven-test-"))
+    cluster = LocalCluster(
+        workdir,
+        [PoolSpec("pool-a", pool_a, agents=2), PoolSpec("pool-b", pool_b, agents=1)],
+        allowed_ports=[port, tcp_port, 9100],
+        gateway_settings={"front": {"request_timeout": 10}},
+    )
+    try:
+        await cluster.start()
+        yield Bed(cluster, exporter, port, tcp_port)
+    finally:
+        await cluster.close()
+        await exporter.close()

@@ -1,0 +1,92 @@
+"""The command line: help that helps, configuration errors that name the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raven import pki
+from raven.cli import main
+from raven.config import AgentConfig, ConfigError, GatewayConfig, build
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "raven.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("cmd", [[], ["gateway"], ["agent"], ["certs"], ["demo"], ["certs", "issue", "agent"]])
+def test_help(cmd: list[str]) -> None:
+    out = run(*cmd, "--help")
+    assert out.returncode == 0
+    assert "usage: raven" in out.stdout
+    assert len(out.stdout.splitlines()) > 5
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    pki.create_ca(tmp_path)
+    pki.issue(tmp_path, tmp_path, "gateway", "gw", dns_names=["gw"])
+    pki.issue(tmp_path, tmp_path, "agent", "a1", pools=["pool-a"])
+    return tmp_path
+
+
+def test_gateway_config_from_file_env_and_flags(certs: Path) -> None:
+    path = certs / "gw.yaml"
+    path.write_text(
+        "front:\n  listen: 127.0.0.1:9999\n  allowed_ports: [9400]\n"
+        "tls: {cert: gw.pem, key: gw-key.pem, ca: ca.pem}\n"
+    )
+    cfg = build(GatewayConfig, path, ["front.request_timeout=7"], environ={"RAVEN_FRONT__ALLOWED_PORTS": "[9400, 9100]"})
+    assert cfg.front.listen == "127.0.0.1:9999"
+    assert cfg.front.allowed_ports == [9400, 9100]
+    assert cfg.front.request_timeout == 7
+    assert cfg.tls.cert == certs / "gw.pem"
+
+
+def test_invalid_config_names_the_field(certs: Path) -> None:
+    path = certs / "agent.yaml"
+    path.write_text(
+        "pool: Pool_A\ngateway: {url: 'http://x:1/tunnel'}\nnodes: [{name: edge-1, address: 10.0.0.1}, "
+        "{name: edge-1, address: 10.0.0.2}]\ntls: {cert: a1.pem, key: missing.pem, ca: ca.pem}\nbogus: 1\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        build(AgentConfig, path, environ={})
+    text = str(info.value)
+    assert "pool: " in text and "'Pool_A' is not a valid pool name" in text
+    assert "gateway.url" in text or "gateway: url: must start with wss://" in text
+    assert "tls: key: file" in text
+    assert "bogus" in text
+
+
+def test_cli_exits_2_with_a_clear_message(certs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = certs / "gw.yaml"
+    path.write_text("front: {listen: nowhere}\ntls: {cert: gw.pem, key: gw-key.pem, ca: ca.pem}\n")
+    assert main(["gateway", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "front.listen: expected HOST:PORT, got 'nowhere'" in err
+    assert "Traceback" not in err
+    path.write_text("front: [unclosed\n")
+    assert main(["gateway", "--config", str(path)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    assert main(["gateway", "--config", str(certs / "nope.yaml")]) == 2
+    assert "cannot read config file" in capsys.readouterr().err
+
+
+def test_agent_refuses_a_pool_outside_its_certificate(certs: Path) -> None:
+    path = certs / "agent.yaml"
+    path.write_text("pool: pool-b\ntls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\n")
+    out = run("agent", "--config", str(path))
+    assert out.returncode == 1
+    assert "pool 'pool-b' is not in certificate" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_check_prints_effective_config(certs: Path) -> None:
+    path = certs / "agent.yaml"
+    path.write_text("pool: pool-a\ntls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\n")
+    out = run("agent", "--config", str(path), "--check", "--gateway-url", "wss://gw.example:10262/tunnel")
+    assert out.returncode == 0, out.stderr
+    assert '"url": "wss://gw.example:10262/tunnel"' in out.stdout

@@ -1,0 +1,420 @@
+"""Real processes, real sockets, real TLS on loopback: the gateway and agents as users run them."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import signal
+import ssl
+import time
+import uuid
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from raven import wire
+from raven.config import TLSConfig
+from raven.tls import client_context, server_context
+from tests.conftest import Bed
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+
+async def fetch(
+    bed: Bed, node: str, port: int | None = None, *, mode: str = "proxy", headers: dict[str, str] | None = None,
+    decompress: bool = True, timeout: float = 15,
+) -> tuple[int, dict[str, str], bytes]:
+    port = port or bed.port
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout), auto_decompress=decompress
+    ) as http:
+        if mode == "proxy":
+            ctx = http.get(f"http://{node}:{port}/metrics", proxy=bed.cluster.front_url, headers=headers)
+        else:
+            ctx = http.get(f"{bed.cluster.front_url}/metrics", headers={"Host": f"{node}:{port}", **(headers or {})})
+        async with ctx as resp:
+            return resp.status, dict(resp.headers), await resp.read()
+
+
+async def metric_values(port: int, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+async def wait_for(predicate: object, timeout: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if await predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+# ---------------------------------------------------------------- routing
+
+
+async def test_scrape_every_node_by_absolute_uri(bed: Bed) -> None:
+    for pool in bed.cluster.pools:
+        for node in pool.nodes:
+            status, headers, body = await fetch(bed, node.name)
+            assert status == 200, body
+            assert f'Hostname="{node.name}"'.encode() in body
+            assert b"DCGM_FI_DEV_GPU_UTIL" in body
+            assert headers["X-Raven-Agent"].startswith(f"agent-{pool.name}-")
+
+
+async def test_scrape_by_host_header(bed: Bed) -> None:
+    status, headers, body = await fetch(bed, "edge-a-2", mode="host", headers={"Accept-Encoding": "identity"})
+    assert status == 200
+    assert b'Hostname="edge-a-2"' in body
+    assert int(headers["Content-Length"]) == len(body)
+
+
+async def test_gzip_passes_through_unchanged(bed: Bed) -> None:
+    status, headers, body = await fetch(bed, "edge-a-3", headers={"Accept-Encoding": "gzip"}, decompress=False)
+    assert status == 200
+    assert headers["Content-Encoding"] == "gzip"
+    assert b'Hostname="edge-a-3"' in gzip.decompress(body)
+
+
+async def _connect(bed: Bed, node: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.front_port)
+    writer.write(f"CONNECT {node}:{port} HTTP/1.1\r\nHost: {node}:{port}\r\n\r\n".encode())
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    return reader, writer, head
+
+
+async def test_connect_relays_raw_tcp(bed: Bed) -> None:
+    reader, writer, head = await _connect(bed, "edge-b-1", bed.port)
+    try:
+        assert head.startswith(b"HTTP/1.1 200"), head
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: edge-b-1\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+        assert data.startswith(b"HTTP/1.1 200")
+        assert b'Hostname="edge-b-1"' in data
+    finally:
+        writer.close()
+
+
+async def test_connect_carries_tls_end_to_end(bed: Bed) -> None:
+    """A TLS server on a node port (as a kubelet would be): the client's TLS goes through the tunnel."""
+    certs = bed.cluster.certs
+    tls = TLSConfig(cert=certs / "raven-gateway.pem", key=certs / "raven-gateway-key.pem", ca=certs / "ca.pem")
+    server_ctx = server_context(tls)
+    server_ctx.verify_mode = ssl.CERT_NONE
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="kubelet says hi")
+
+    app = web.Application()
+    app.router.add_get("/healthz", hello)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    host = bed.pools["pool-a"].nodes[0].host
+    await web.TCPSite(runner, host, bed.tcp_port, ssl_context=server_ctx).start()
+    try:
+        reader, writer, head = await _connect(bed, "edge-a-1", bed.tcp_port)
+        try:
+            assert head.startswith(b"HTTP/1.1 200"), head
+            client_ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+            await writer.start_tls(client_ctx, server_hostname="raven-gateway")
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: edge-a-1\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            data = await asyncio.wait_for(reader.read(), 10)
+            assert data.startswith(b"HTTP/1.1 200")
+            assert data.endswith(b"kubelet says hi")
+        finally:
+            writer.close()
+    finally:
+        await runner.cleanup()
+
+
+# ---------------------------------------------------------------- errors decided before any header
+
+
+async def test_unknown_node_is_404_with_reason(bed: Bed) -> None:
+    status, headers, body = await fetch(bed, "edge-zz-9")
+    assert status == 404
+    assert b"edge-zz-9" in body and b"not registered" in body
+    # A name that only shares a suffix with a registered node is a different node.
+    status, _, _ = await fetch(bed, "xedge-a-1")
+    assert status == 404
+
+
+async def test_port_not_allowed_is_403(bed: Bed) -> None:
+    status, _, body = await fetch(bed, "edge-a-1", port=22)
+    assert status == 403
+    assert b"port 22" in body
+
+
+async def test_bad_host_is_400(bed: Bed) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{bed.cluster.front_url}/metrics", headers={"Host": "Not_A_Node:9400"}) as resp:
+            assert resp.status == 400
+            assert "not a valid node name" in await resp.text()
+
+
+async def test_unreachable_node_is_502(bed: Bed) -> None:
+    bed.exporter.set_mode("edge-a-1", "refuse")
+    try:
+        status, headers, body = await fetch(bed, "edge-a-1")
+        assert status == 502
+        assert b"edge-a-1" in body and b"cannot connect" in body
+    finally:
+        bed.exporter.set_mode("edge-a-1", "ok")
+
+
+async def test_scrape_timeout_header_gives_504(bed: Bed) -> None:
+    bed.exporter.set_mode("edge-a-2", "stall")
+    try:
+        start = time.monotonic()
+        status, _, body = await fetch(bed, "edge-a-2", headers={"X-Prometheus-Scrape-Timeout-Seconds": "1"})
+        elapsed = time.monotonic() - start
+        assert status == 504, body
+        assert b"edge-a-2" in body
+        # Prometheus asked for 1 s; the configured deadline is 10 s. Generous bound: it must be the former.
+        assert elapsed < 8
+    finally:
+        bed.exporter.set_mode("edge-a-2", "ok")
+
+
+async def test_no_agent_for_pool_is_503(bed: Bed) -> None:
+    pool = bed.pools["pool-b"]
+    agent = bed.cluster.agents["agent-pool-b-1"]
+    try:
+        await bed.cluster.stop(agent, signal.SIGKILL)
+
+        async def gone() -> bool:
+            return all(g["labels"]["pool"] != "pool-b" for g in await bed.cluster.sd())
+
+        await wait_for(gone)
+        status, _, body = await fetch(bed, pool.nodes[0].name)
+        assert status == 503
+        assert b"pool-b" in body and b"no agent connected" in body
+    finally:
+        await bed.restore()
+
+
+# ---------------------------------------------------------------- security
+
+
+async def _rogue(bed: Bed, agent: str, hello_agent: str | None = None) -> aiohttp.ClientWebSocketResponse:
+    certs = bed.cluster.certs
+    ctx = client_context(TLSConfig(cert=certs / f"{agent}.pem", key=certs / f"{agent}-key.pem", ca=certs / "ca.pem"))
+    http = aiohttp.ClientSession()
+    ws = await http.ws_connect(
+        f"wss://127.0.0.1:{bed.cluster.tunnel_port}/tunnel", ssl=ctx, server_hostname="raven-gateway"
+    )
+    ws._rogue_http = http  # type: ignore[attr-defined]
+    await ws.send_bytes(wire.encode(wire.Hello(hello_agent or agent, uuid.uuid4().hex)))
+    return ws
+
+
+async def _close_rogue(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.close()
+    await ws._rogue_http.close()  # type: ignore[attr-defined]
+
+
+async def _next_control(ws: aiohttp.ClientWebSocketResponse) -> wire.Frame:
+    while True:
+        msg = await asyncio.wait_for(ws.receive(), 10)
+        assert msg.type == aiohttp.WSMsgType.BINARY, msg
+        frame = wire.decode(msg.data)
+        if not isinstance(frame, wire.Ping | wire.Pong):
+            return frame
+
+
+async def test_impersonation_is_refused(bed: Bed) -> None:
+    ws = await _rogue(bed, "agent-pool-a-1")
+    try:
+        welcome = await _next_control(ws)
+        assert isinstance(welcome, wire.Welcome)
+        # Claims a pool-b node as pool-b: its certificate only allows pool-a.
+        await ws.send_bytes(wire.encode(wire.Register((wire.NodeInfo("edge-b-1", "127.0.0.1", "pool-b"),))))
+        answer = await _next_control(ws)
+        assert isinstance(answer, wire.Registered)
+        assert answer.accepted == ()
+        assert answer.refused[0][0] == "edge-b-1"
+        assert "pool 'pool-b' is not in this agent's certificate" in answer.refused[0][1]
+        # Claims the same node as pool-a: it already belongs to pool-b.
+        await ws.send_bytes(wire.encode(wire.Register((wire.NodeInfo("edge-b-1", "127.0.0.1", "pool-a"),))))
+        answer = await _next_control(ws)
+        assert isinstance(answer, wire.Registered)
+        assert "already registered by pool 'pool-b'" in answer.refused[0][1]
+    finally:
+        await _close_rogue(ws)
+    # The real pool-b agent still serves it.
+    status, headers, _ = await fetch(bed, "edge-b-1")
+    assert status == 200 and headers["X-Raven-Agent"] == "agent-pool-b-1"
+    log = bed.cluster.gateway.log.read_text()  # type: ignore[union-attr]
+    assert "refused registration of node 'edge-b-1' (pool 'pool-b') from agent agent-pool-a-1" in log
+
+
+async def test_hello_must_match_certificate(bed: Bed) -> None:
+    ws = await _rogue(bed, "agent-pool-a-1", hello_agent="agent-pool-b-1")
+    try:
+        frame = await _next_control(ws)
+        assert isinstance(frame, wire.GoAway)
+        assert "certificate is for 'agent-pool-a-1'" in frame.reason
+    finally:
+        await _close_rogue(ws)
+
+
+async def test_tunnel_requires_client_certificate(bed: Bed) -> None:
+    ctx = ssl.create_default_context(cafile=str(bed.cluster.certs / "ca.pem"))
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
+            ws = await http.ws_connect(
+                f"wss://127.0.0.1:{bed.cluster.tunnel_port}/tunnel", ssl=ctx, server_hostname="raven-gateway"
+            )
+            await ws.send_bytes(wire.encode(wire.Hello("x", "y")))
+            msg = await asyncio.wait_for(ws.receive(), 5)
+            if msg.type != aiohttp.WSMsgType.BINARY:
+                raise ConnectionError("closed")
+
+
+# ---------------------------------------------------------------- never lose data silently
+
+
+async def _read_until_broken(resp: aiohttp.ClientResponse, on_first: object = None) -> tuple[int, bool]:
+    got = 0
+    first = True
+    try:
+        async for chunk in resp.content.iter_any():
+            got += len(chunk)
+            if first and on_first is not None:
+                first = False
+                await on_first()  # type: ignore[operator]
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError):
+        return got, True
+    return got, False
+
+
+async def test_agent_killed_mid_response_breaks_the_response(bed: Bed) -> None:
+    bed.exporter.set_mode("edge-a-3", "slow")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), auto_decompress=False) as http:
+            async with http.get("http://edge-a-3:%d/metrics" % bed.port, proxy=bed.cluster.front_url,
+                                headers={"Accept-Encoding": "identity"}) as resp:
+                assert resp.status == 200
+                victim = bed.cluster.agents[resp.headers["X-Raven-Agent"]]
+                expected = int(resp.headers["Content-Length"])
+
+                async def kill() -> None:
+                    await bed.cluster.stop(victim, signal.SIGKILL)
+
+                got, broken = await _read_until_broken(resp, kill)
+        assert broken, "a response cut by a dead agent must not look complete"
+        assert got < expected
+    finally:
+        await bed.restore()
+
+
+async def test_exporter_breaking_mid_body_breaks_the_response(bed: Bed) -> None:
+    bed.exporter.set_mode("edge-a-1", "break")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+            async with http.get("http://edge-a-1:%d/metrics" % bed.port, proxy=bed.cluster.front_url) as resp:
+                assert resp.status == 200
+                got, broken = await _read_until_broken(resp)
+        assert broken
+    finally:
+        bed.exporter.set_mode("edge-a-1", "ok")
+
+
+async def test_slow_reader_does_not_stall_its_session(bed: Bed) -> None:
+    # pool-b has a single agent: both requests share one session.
+    reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.front_port)
+    try:
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: edge-b-2:{bed.port}\r\n\r\n".encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200")
+        await asyncio.sleep(0.5)  # 4 MiB pending, nobody reading: the stream is out of credit
+        for _ in range(3):
+            status, headers, body = await fetch(bed, "edge-b-1", timeout=10)
+            assert status == 200 and headers["X-Raven-Agent"] == "agent-pool-b-1"
+            assert b'Hostname="edge-b-1"' in body
+        # The slow stream then completes when its reader catches up.
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        body = await asyncio.wait_for(reader.readexactly(length), 30)
+        assert b'Hostname="edge-b-2"' in body
+    finally:
+        writer.close()
+
+
+# ---------------------------------------------------------------- selection and failover
+
+
+async def test_load_spreads_over_the_pool(bed: Bed) -> None:
+    seen = set()
+    for _ in range(6):
+        status, headers, _ = await fetch(bed, "edge-a-1")
+        assert status == 200
+        seen.add(headers["X-Raven-Agent"])
+    assert seen == {"agent-pool-a-1", "agent-pool-a-2"}
+
+
+async def test_failover_and_retry_on_the_other_agent(bed: Bed) -> None:
+    victim = bed.cluster.agents["agent-pool-a-1"]
+    try:
+        await bed.cluster.stop(victim, signal.SIGKILL)
+        # Straight away, before the gateway may have noticed: a retry on the other agent covers it.
+        for _ in range(3):
+            for node in bed.pools["pool-a"].nodes:
+                status, headers, body = await fetch(bed, node.name)
+                assert status == 200, body
+                assert headers["X-Raven-Agent"] == "agent-pool-a-2"
+    finally:
+        await bed.restore()
+
+
+async def test_drain_lets_a_stream_in_flight_finish(bed: Bed) -> None:
+    bed.exporter.set_mode("edge-a-2", "slow")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            async with http.get("http://edge-a-2:%d/metrics" % bed.port, proxy=bed.cluster.front_url) as resp:
+                assert resp.status == 200
+                victim = bed.cluster.agents[resp.headers["X-Raven-Agent"]]
+                victim.process.send_signal(signal.SIGTERM)
+                body = await resp.read()
+        assert b'Hostname="edge-a-2"' in body
+        assert await asyncio.wait_for(victim.process.wait(), 15) == 0
+        bed.exporter.set_mode("edge-a-2", "ok")
+        status, headers, _ = await fetch(bed, "edge-a-2")
+        assert status == 200 and headers["X-Raven-Agent"] != victim.name
+    finally:
+        await bed.restore()
+
+
+# ---------------------------------------------------------------- cleanup
+
+
+async def test_gauges_return_to_zero(bed: Bed) -> None:
+    cluster = bed.cluster
+
+    async def settled() -> bool:
+        streams = await metric_values(cluster.gateway_metrics_port, "raven_gateway_streams_in_flight")
+        return sum(streams.values()) == 0
+
+    await wait_for(settled)
+    sessions = await metric_values(cluster.gateway_metrics_port, "raven_gateway_sessions")
+    assert sum(sessions.values()) == 3
+    for proc in cluster.agents.values():
+        assert sum((await metric_values(proc.metrics_port, "raven_agent_streams_in_flight")).values()) == 0
+        assert sum((await metric_values(proc.metrics_port, "raven_agent_sessions")).values()) == 1
+    requests = await metric_values(cluster.gateway_metrics_port, "raven_gateway_requests_total")
+    assert requests[(("code", "200"), ("kind", "http"), ("pool", "pool-a"))] > 0
+    refusals = await metric_values(cluster.gateway_metrics_port, "raven_gateway_registration_refusals_total")
+    assert sum(refusals.values()) >= 2

@@ -1,0 +1,83 @@
+"""Registry: claims, refusals, session keys, selection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.registry import AgentSession, Registry
+from raven import wire
+
+
+class FakeSession:
+    def __init__(self, in_flight: int = 0) -> None:
+        self.in_flight = in_flight
+        self.closed = False
+        self.peer_draining = False
+
+
+def agent(name: str, pools: set[str], sid: str = "s1", load: int = 0) -> AgentSession:
+    fake: Any = FakeSession(load)
+    return AgentSession(name, sid, frozenset(pools), fake)
+
+
+def node(name: str, pool: str) -> wire.NodeInfo:
+    return wire.NodeInfo(name, "10.0.0.1", pool)
+
+
+def test_register_refuses_pool_outside_certificate_and_foreign_claims() -> None:
+    reg = Registry()
+    a = agent("a1", {"pool-a"})
+    b = agent("b1", {"pool-b"})
+    reg.add_session(a)
+    reg.add_session(b)
+    assert reg.register(b, [node("edge-b-1", "pool-b")]) == (["edge-b-1"], [])
+    accepted, refused = reg.register(a, [node("edge-a-1", "pool-a"), node("edge-b-1", "pool-b"),
+                                         node("Bad_Name", "pool-a")])
+    assert accepted == ["edge-a-1"]
+    reasons = dict(refused)
+    assert "not in this agent's certificate (allowed: pool-a)" in reasons["edge-b-1"]
+    assert "RFC 1123" in reasons["Bad_Name"]
+    a2 = agent("a2", {"pool-a", "pool-b"})
+    reg.add_session(a2)
+    _, refused = reg.register(a2, [node("edge-b-1", "pool-a")])
+    assert "already registered by pool 'pool-b' (agents: b1)" in refused[0][1]
+
+
+def test_removing_an_old_session_keeps_the_newer_one() -> None:
+    reg = Registry()
+    old = agent("a1", {"pool-a"}, sid="same")
+    reg.add_session(old)
+    reg.register(old, [node("edge-1", "pool-a")])
+    new = agent("a1", {"pool-a"}, sid="same")
+    assert reg.add_session(new) is old
+    reg.register(new, [node("edge-1", "pool-a")])
+    assert reg.remove_session(old) is False
+    assert reg.lookup("edge-1").entry is not None and reg.lookup("edge-1").reason == ""
+    assert reg.remove_session(new) is True
+    assert "no agent connected" in reg.lookup("edge-1").reason
+
+
+def test_reregistration_replaces_the_node_set() -> None:
+    reg = Registry()
+    a = agent("a1", {"pool-a"})
+    reg.add_session(a)
+    reg.register(a, [node("edge-1", "pool-a"), node("edge-2", "pool-a")])
+    reg.register(a, [node("edge-2", "pool-a")])
+    assert [e.name for e in reg.reachable_nodes()] == ["edge-2"]
+
+
+def test_select_prefers_usable_and_least_loaded() -> None:
+    reg = Registry()
+    busy = agent("a1", {"p"}, "1", load=5)
+    idle = agent("a2", {"p"}, "2", load=1)
+    draining = agent("a3", {"p"}, "3", load=0)
+    draining.draining = True
+    for s in (busy, idle, draining):
+        reg.add_session(s)
+        reg.register(s, [node("edge-1", "p")])
+    entry = reg.lookup("edge-1").entry
+    assert entry is not None
+    assert reg.select(entry) is idle
+    assert reg.select(entry, exclude=[idle]) is busy
+    assert reg.select(entry, exclude=[idle, busy]) is None
+    assert reg.lookup("edge-2").entry is None
