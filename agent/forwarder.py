@@ -56,6 +56,8 @@ class Forwarder:
         self.default_timeout = default_timeout
         self.draining = draining
         self.tasks: set[asyncio.Task[None]] = set()
+        self.idle = asyncio.Event()
+        self.idle.set()
         self._client: aiohttp.ClientSession | None = None
         self._connections_per_node = connections_per_node
 
@@ -88,10 +90,11 @@ class Forwarder:
 
     async def wait_idle(self, grace: float) -> bool:
         """Wait until no stream is being served, up to ``grace`` seconds."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + grace
-        while self.tasks and loop.time() < end:
-            await asyncio.sleep(0.05)
+        try:
+            async with asyncio.timeout(grace):
+                await self.idle.wait()
+        except TimeoutError:
+            pass
         return not self.tasks
 
     # ------------------------------------------------------------ entry point (called by the session)
@@ -115,11 +118,14 @@ class Forwarder:
         )
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
+        self.idle.clear()
         self.metrics.streams.inc()
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
+        if not self.tasks:
+            self.idle.set()
         self.metrics.streams.dec()
         if not task.cancelled() and task.exception() is not None:
             log.error("stream handler failed: %r", task.exception())
@@ -259,7 +265,7 @@ async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.St
     t1 = asyncio.ensure_future(node_to_tunnel())
     t2 = asyncio.ensure_future(tunnel_to_node())
     try:
-        done, pending = await asyncio.wait({t1, t2}, return_when=asyncio.FIRST_EXCEPTION)
+        done, _ = await asyncio.wait({t1, t2}, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             exc = task.exception()
             if exc is not None:

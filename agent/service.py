@@ -42,9 +42,8 @@ class Agent:
         ident = pki.load_identity(cfg.tls.cert)
         self.name = cfg.name or ident.agent or ident.common_name
         if cfg.pool not in ident.pools:
-            raise pki.PKIError(
-                f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {', '.join(ident.pools) or 'none'})"
-            )
+            allowed = ", ".join(ident.pools) or "none"
+            raise pki.PKIError(f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {allowed})")
         self.reloader = CertReloader(self.ssl, cfg.tls)
         self.session_id = uuid.uuid4().hex
         self.sessions: set[Session] = set()

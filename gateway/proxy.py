@@ -46,7 +46,7 @@ DEADLINE_HEADER = "x-raven-timeout-ms"
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Status for a stream reset that arrives before the response head.
-RESET_STATUS = {
+RESET_STATUS: dict[int, int] = {
     wire.ResetCode.CONNECT_FAILED: 502,
     wire.ResetCode.REFUSED: 502,
     wire.ResetCode.UPSTREAM_BROKEN: 502,
@@ -144,6 +144,8 @@ class Proxy:
         self.metrics = metrics
         self.allowed_ports = frozenset(cfg.allowed_ports)
         self.node_streams: dict[str, int] = {}
+        self.idle = asyncio.Event()
+        self.idle.set()
         self.draining = draining
 
     # ------------------------------------------------------------ entry point
@@ -200,11 +202,14 @@ class Proxy:
         if n >= self.cfg.max_streams_per_node:
             raise Refusal(503, f"node {node!r} already has {n} requests in flight (limit)")
         self.node_streams[node] = n + 1
+        self.idle.clear()
 
     def _unclaim(self, node: str) -> None:
         n = self.node_streams.get(node, 1) - 1
         if n <= 0:
             self.node_streams.pop(node, None)
+            if not self.node_streams:
+                self.idle.set()
         else:
             self.node_streams[node] = n
 
@@ -254,7 +259,7 @@ class Proxy:
                 ) from None
             except StreamReset as exc:
                 stream.close()
-                status = RESET_STATUS.get(exc.code, 502) if isinstance(exc.code, int) else 502
+                status = RESET_STATUS.get(exc.code, 502)
                 last = Refusal(
                     status,
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
@@ -325,7 +330,7 @@ class Proxy:
             resp.content_length = int(length)
         elif request.version >= (1, 1) and request.method != "HEAD":
             resp.enable_chunked_encoding()
-        await resp.prepare(request)  # type: ignore[arg-type]
+        await resp.prepare(request)
         received = 0
         try:
             async with asyncio.timeout_at(self._loop_deadline(deadline)):
@@ -434,7 +439,7 @@ class _TunnelFeeder:
 async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> tuple[int, int]:
     transport = request.transport
     assert transport is not None
-    feeder = _TunnelFeeder(transport)  # type: ignore[arg-type]
+    feeder = _TunnelFeeder(transport)
     request.protocol.set_parser(feeder)  # type: ignore[arg-type]
     counts = [0, 0]
 
@@ -457,7 +462,8 @@ async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> t
                 return
             transport.write(bytes(chunk))
             counts[1] += len(chunk)
-            while transport.get_write_buffer_size() > 256 * 1024 and not transport.is_closing():
+            # aiohttp exposes no public drain for a taken-over connection: poll the buffer.
+            while transport.get_write_buffer_size() > 256 * 1024 and not transport.is_closing():  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
 
     up_task = asyncio.ensure_future(up())

@@ -86,10 +86,11 @@ class Gateway:
         log.info("draining: waiting up to %.0fs for %d request(s) in flight", self.cfg.drain_grace,
                  sum(self.proxy.node_streams.values()))
         self.tunnel.start_drain()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.cfg.drain_grace
-        while self.proxy.node_streams and loop.time() < end:
-            await asyncio.sleep(0.05)
+        try:
+            async with asyncio.timeout(self.cfg.drain_grace):
+                await self.proxy.idle.wait()
+        except TimeoutError:
+            log.warning("drain grace over with %d request(s) still in flight", sum(self.proxy.node_streams.values()))
         self._stopped.set()
 
     async def stop(self) -> None:

@@ -25,7 +25,7 @@ class ConfigError(Exception):
 
 
 def _host_port(value: str) -> str:
-    host, sep, port = value.rpartition(":")
+    _, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return value

@@ -63,12 +63,12 @@ async def main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="raven-demo-"))
     pools = []
     host = 2
-    for index, pool in enumerate(POOLS):
+    for index, pool_name in enumerate(POOLS):
         nodes = []
         for i in range(per_pool):
             nodes.append(SimNode(f"edge-gpu-{index * per_pool + i + 1}", f"127.0.0.{host}", 9400))
             host += 1
-        pools.append(PoolSpec(pool, nodes, agents=2))
+        pools.append(PoolSpec(pool_name, nodes, agents=2))
     exporter = SimExporter([n for p in pools for n in p.nodes])
     cluster = LocalCluster(workdir, pools)
     failed: list[str] = []
@@ -83,9 +83,9 @@ async def main(args: argparse.Namespace) -> int:
               f"{host - 1}, port 9400")
         await cluster.start()
         print(f"  gateway: tunnel wss://127.0.0.1:{cluster.tunnel_port}/tunnel, front end {cluster.front_url}")
-        for pool in pools:
-            print(f"  pool {pool.name}: agents {', '.join(cluster.agent_names(pool))}; nodes "
-                  f"{', '.join(n.name for n in pool.nodes)}")
+        for spec in pools:
+            print(f"  pool {spec.name}: agents {', '.join(cluster.agent_names(spec))}; nodes "
+                  f"{', '.join(n.name for n in spec.nodes)}")
 
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as http:

@@ -39,7 +39,8 @@ def test_gateway_config_from_file_env_and_flags(certs: Path) -> None:
         "front:\n  listen: 127.0.0.1:9999\n  allowed_ports: [9400]\n"
         "tls: {cert: gw.pem, key: gw-key.pem, ca: ca.pem}\n"
     )
-    cfg = build(GatewayConfig, path, ["front.request_timeout=7"], environ={"RAVEN_FRONT__ALLOWED_PORTS": "[9400, 9100]"})
+    env = {"RAVEN_FRONT__ALLOWED_PORTS": "[9400, 9100]"}
+    cfg = build(GatewayConfig, path, ["front.request_timeout=7"], environ=env)
     assert cfg.front.listen == "127.0.0.1:9999"
     assert cfg.front.allowed_ports == [9400, 9100]
     assert cfg.front.request_timeout == 7

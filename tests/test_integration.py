@@ -144,7 +144,7 @@ async def test_connect_carries_tls_end_to_end(bed: Bed) -> None:
 
 
 async def test_unknown_node_is_404_with_reason(bed: Bed) -> None:
-    status, headers, body = await fetch(bed, "edge-zz-9")
+    status, _, body = await fetch(bed, "edge-zz-9")
     assert status == 404
     assert b"edge-zz-9" in body and b"not registered" in body
     # A name that only shares a suffix with a registered node is a different node.
@@ -168,7 +168,7 @@ async def test_bad_host_is_400(bed: Bed) -> None:
 async def test_unreachable_node_is_502(bed: Bed) -> None:
     bed.exporter.set_mode("edge-a-1", "refuse")
     try:
-        status, headers, body = await fetch(bed, "edge-a-1")
+        status, _, body = await fetch(bed, "edge-a-1")
         assert status == 502
         assert b"edge-a-1" in body and b"cannot connect" in body
     finally:
@@ -305,7 +305,7 @@ async def test_agent_killed_mid_response_breaks_the_response(bed: Bed) -> None:
     bed.exporter.set_mode("edge-a-3", "slow")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), auto_decompress=False) as http:
-            async with http.get("http://edge-a-3:%d/metrics" % bed.port, proxy=bed.cluster.front_url,
+            async with http.get(f"http://edge-a-3:{bed.port}/metrics", proxy=bed.cluster.front_url,
                                 headers={"Accept-Encoding": "identity"}) as resp:
                 assert resp.status == 200
                 victim = bed.cluster.agents[resp.headers["X-Raven-Agent"]]
@@ -325,9 +325,9 @@ async def test_exporter_breaking_mid_body_breaks_the_response(bed: Bed) -> None:
     bed.exporter.set_mode("edge-a-1", "break")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-            async with http.get("http://edge-a-1:%d/metrics" % bed.port, proxy=bed.cluster.front_url) as resp:
+            async with http.get(f"http://edge-a-1:{bed.port}/metrics", proxy=bed.cluster.front_url) as resp:
                 assert resp.status == 200
-                got, broken = await _read_until_broken(resp)
+                _, broken = await _read_until_broken(resp)
         assert broken
     finally:
         bed.exporter.set_mode("edge-a-1", "ok")
@@ -384,7 +384,7 @@ async def test_drain_lets_a_stream_in_flight_finish(bed: Bed) -> None:
     bed.exporter.set_mode("edge-a-2", "slow")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            async with http.get("http://edge-a-2:%d/metrics" % bed.port, proxy=bed.cluster.front_url) as resp:
+            async with http.get(f"http://edge-a-2:{bed.port}/metrics", proxy=bed.cluster.front_url) as resp:
                 assert resp.status == 200
                 victim = bed.cluster.agents[resp.headers["X-Raven-Agent"]]
                 victim.process.send_signal(signal.SIGTERM)
