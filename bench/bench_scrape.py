@@ -1,0 +1,179 @@
+"""Benchmark: scrape simulated GPU nodes directly and through the tunnel, in the same run.
+
+One gateway and one agent (real processes, TLS 1.3 tunnel), N simulated dcgm-exporter
+nodes with pages of --size bytes, load from wrk (Debian package ``wrk``) with C
+connections. Prints requests/s, p50 and p99 latency for each mode and concurrency,
+and the tunnel/direct ratios. With --profile, py-spy samples the gateway and the agent
+during the tunnel run and prints where their time goes.
+
+    .venv/bin/python bench/bench_scrape.py --nodes 6 --concurrency 1 32 --duration 10
+
+This is a benchmark, not a test: numbers depend on the machine and what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from raven.launch import LocalCluster, PoolSpec, free_port
+from raven.simexporter import SimExporter, SimNode
+
+LUA_ROTATE = """
+local hosts = {%s}
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format("GET", "/metrics", {["Host"] = hosts[(i %% #hosts) + 1]})
+end
+"""
+
+
+@dataclass
+class Result:
+    mode: str
+    concurrency: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: str
+
+
+def _ms(text: str) -> float:
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    if not m:
+        return float("nan")
+    value, unit = float(m.group(1)), m.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def parse_wrk(mode: str, concurrency: int, out: str) -> Result:
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = []
+    if m := re.search(r"Socket errors: (.*)", out):
+        errors.append("socket " + m.group(1))
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        errors.append(f"non-2xx {m.group(1)}")
+    return Result(mode, concurrency, rps, p50, p99, total, "; ".join(errors) or "none")
+
+
+async def run_wrk(url: str, concurrency: int, duration: int, script: Path | None) -> str:
+    args = ["wrk", "--latency", "-t", str(min(concurrency, 2)), "-c", str(concurrency), "-d", f"{duration}s"]
+    if script is not None:
+        args += ["-s", str(script)]
+    proc = await asyncio.create_subprocess_exec(*args, url, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk failed: {out.decode(errors='replace')}")
+    return out.decode()
+
+
+async def profile(pid: int, seconds: int, out: Path) -> asyncio.subprocess.Process | None:
+    if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
+        return None
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return await asyncio.create_subprocess_exec(
+        exe, "record", "-p", str(pid), "-d", str(seconds), "-r", "200", "-f", "raw", "-o", str(out), "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
+def summarize_profile(path: Path, top: int = 12) -> str:
+    """Self time by function from py-spy's collapsed stacks."""
+    counts: collections.Counter[str] = collections.Counter()
+    total = 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return "  (no profile)"
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        leaf = stack.split(";")[-1]
+        counts[re.sub(r" \(.*?/(site-packages|lib/python3\.\d+)/", " (", leaf)] += int(n)
+        total += int(n)
+    if not total:
+        return "  (empty profile)"
+    return "\n".join(f"  {n * 100 / total:5.1f}%  {fn}" for fn, n in counts.most_common(top))
+
+
+async def main(args: argparse.Namespace) -> int:
+    port = free_port("127.0.20.2")
+    nodes = [SimNode(f"bench-{i}", f"127.0.20.{i + 1}", port, size=args.size) for i in range(1, args.nodes + 1)]
+    exporter = SimExporter(nodes)
+    await exporter.start()
+    workdir = Path(tempfile.mkdtemp(prefix="raven-bench-"))
+    cluster = LocalCluster(workdir, [PoolSpec("bench", nodes, agents=1)], allowed_ports=[port],
+                           gateway_settings={"log_level": "warning"}, agent_settings={"log_level": "warning"})
+    script = workdir / "rotate.lua"
+    script.write_text(LUA_ROTATE % ", ".join(f'"{n.name}:{port}"' for n in nodes))
+    results: list[Result] = []
+    try:
+        await cluster.start()
+        print(f"{args.nodes} nodes, {args.size} B pages, {args.duration}s per run, one gateway + one agent (TLS 1.3)")
+        for c in args.concurrency:
+            direct = await run_wrk(f"http://{nodes[0].host}:{port}/metrics", c, args.duration, None)
+            results.append(parse_wrk("direct", c, direct))
+            prof_tasks = []
+            if args.profile:
+                assert cluster.gateway is not None
+                agent = next(iter(cluster.agents.values()))
+                for name, pid in (("gateway", cluster.gateway.process.pid), ("agent", agent.process.pid)):
+                    p = await profile(pid, max(1, args.duration - 1), workdir / f"{name}-c{c}.txt")
+                    if p is not None:
+                        prof_tasks.append((name, p, workdir / f"{name}-c{c}.txt"))
+            tunnel = await run_wrk(cluster.front_url + "/metrics", c, args.duration, script)
+            results.append(parse_wrk("tunnel", c, tunnel))
+            for name, p, path in prof_tasks:
+                await p.wait()
+                print(f"\nprofile of the {name} at concurrency {c} (self time, top functions):")
+                print(summarize_profile(path))
+    finally:
+        await cluster.close()
+        await exporter.close()
+    print(f"\n{'mode':<7} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9}  errors")
+    for r in results:
+        print(f"{r.mode:<7} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}  {r.errors}")
+    print()
+    for c in args.concurrency:
+        d = next(r for r in results if r.mode == "direct" and r.concurrency == c)
+        t = next(r for r in results if r.mode == "tunnel" and r.concurrency == c)
+        print(f"concurrency {c:>3}: tunnel/direct throughput {t.rps / d.rps:.2f}, "
+              f"added p50 {t.p50_ms - d.p50_ms:+.2f} ms, added p99 {t.p99_ms - d.p99_ms:+.2f} ms")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def cli() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=6, help="simulated nodes (default 6)")
+    parser.add_argument("--size", type=int, default=50 * 1024, help="page size in bytes (default 51200)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="connections (default 1 32)")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
+    parser.add_argument("--profile", action="store_true", help="sample gateway and agent with py-spy")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        print("bench: wrk is not installed (apt-get install wrk)", file=sys.stderr)
+        return 1
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main(args))
+    return int(uvloop.run(main(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
