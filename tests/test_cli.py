@@ -91,3 +91,12 @@ def test_check_prints_effective_config(certs: Path) -> None:
     out = run("agent", "--config", str(path), "--check", "--gateway-url", "wss://gw.example:10262/tunnel")
     assert out.returncode == 0, out.stderr
     assert '"url": "wss://gw.example:10262/tunnel"' in out.stdout
+
+
+@pytest.mark.parametrize(("name", "model"), [("gateway", GatewayConfig), ("agent", AgentConfig)])
+def test_example_configs_are_valid(name: str, model: type[GatewayConfig] | type[AgentConfig], certs: Path) -> None:
+    path = Path(__file__).parent.parent / "deploy" / "examples" / f"{name}.yaml"
+    cert = "gw" if name == "gateway" else "a1"
+    overrides = [f"tls.cert={certs / cert}.pem", f"tls.key={certs / cert}-key.pem", f"tls.ca={certs / 'ca.pem'}"]
+    cfg = build(model, path, overrides, environ={})
+    assert cfg.log_level == "info"
