@@ -72,7 +72,8 @@ async def bed() -> AsyncIterator[Bed]:
         workdir,
         [PoolSpec("pool-a", pool_a, agents=2), PoolSpec("pool-b", pool_b, agents=1)],
         allowed_ports=[port, tcp_port, 9100],
-        gateway_settings={"front": {"request_timeout": 10}},
+        gateway_settings={"front": {"request_timeout": 10},
+                          "limits": {"heartbeat_interval": 0.5, "heartbeat_timeout": 2.5}},
     )
     try:
         await cluster.start()

@@ -398,6 +398,30 @@ async def test_drain_lets_a_stream_in_flight_finish(bed: Bed) -> None:
         await bed.restore()
 
 
+async def test_frozen_agent_is_detected_by_the_heartbeat(bed: Bed) -> None:
+    """SIGSTOP keeps the TCP connection open but silent: only the heartbeat deadline can notice."""
+    agent = bed.cluster.agents["agent-pool-b-1"]
+    agent.process.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+
+        async def gone() -> bool:
+            return all(g["labels"]["pool"] != "pool-b" for g in await bed.cluster.sd())
+
+        await wait_for(gone, timeout=20)
+        assert time.monotonic() - start < 15  # deadline 2.5 s in this suite; generous bound
+        status, _, body = await fetch(bed, "edge-b-1")
+        assert status == 503, body
+    finally:
+        agent.process.send_signal(signal.SIGCONT)
+    # Thawed, the agent notices its dead session and comes back by itself.
+    await bed.cluster.wait_registered(30)
+    status, _, _ = await fetch(bed, "edge-b-1")
+    assert status == 200
+    log = bed.cluster.gateway.log.read_text()  # type: ignore[union-attr]
+    assert "heartbeat timeout" in log
+
+
 # ---------------------------------------------------------------- cleanup
 
 
@@ -418,3 +442,20 @@ async def test_gauges_return_to_zero(bed: Bed) -> None:
     assert requests[(("code", "200"), ("kind", "http"), ("pool", "pool-a"))] > 0
     refusals = await metric_values(cluster.gateway_metrics_port, "raven_gateway_registration_refusals_total")
     assert sum(refusals.values()) >= 2
+
+
+async def test_everything_back_at_zero_after_agents_stop(bed: Bed) -> None:
+    cluster = bed.cluster
+    codes = await asyncio.gather(*(cluster.stop(p) for p in cluster.agents.values()))
+    assert codes == [0] * len(codes)  # SIGTERM: drained and exited cleanly
+
+    async def empty() -> bool:
+        sessions = await metric_values(cluster.gateway_metrics_port, "raven_gateway_sessions")
+        return sum(sessions.values()) == 0
+
+    await wait_for(empty)
+    streams = await metric_values(cluster.gateway_metrics_port, "raven_gateway_streams_in_flight")
+    assert sum(streams.values()) == 0
+    nodes = await metric_values(cluster.gateway_metrics_port, "raven_gateway_nodes")
+    assert sum(nodes.values()) == 0
+    assert await cluster.sd() == []
