@@ -146,7 +146,10 @@ async def main(args: argparse.Namespace) -> int:
         await exporter.close()
     print(f"\n{'mode':<7} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9}  errors")
     for r in results:
-        print(f"{r.mode:<7} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}  {r.errors}")
+        print(
+            f"{r.mode:<7} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}"
+            f"  {r.errors}"
+        )
     print()
     for c in args.concurrency:
         d = next(r for r in results if r.mode == "direct" and r.concurrency == c)
