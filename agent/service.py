@@ -109,6 +109,10 @@ class Agent:
                 raise HandshakeRefused(f"gateway refused the session: {welcome.reason}")
             if not isinstance(welcome, wire.Welcome):
                 raise HandshakeRefused(f"expected WELCOME, got {type(welcome).__name__}")
+            if welcome.version not in wire.SUPPORTED_VERSIONS:
+                raise HandshakeRefused(
+                    f"gateway chose protocol version {welcome.version}; this agent speaks {list(wire.SUPPORTED_VERSIONS)}"
+                )
             self.metrics.connects.labels("ok").inc()
             self.replica = welcome.replica
             await self._serve(ws, welcome)
