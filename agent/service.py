@@ -110,9 +110,8 @@ class Agent:
             if not isinstance(welcome, wire.Welcome):
                 raise HandshakeRefused(f"expected WELCOME, got {type(welcome).__name__}")
             if welcome.version not in wire.SUPPORTED_VERSIONS:
-                raise HandshakeRefused(
-                    f"gateway chose protocol version {welcome.version}; this agent speaks {list(wire.SUPPORTED_VERSIONS)}"
-                )
+                speaks = list(wire.SUPPORTED_VERSIONS)
+                raise HandshakeRefused(f"gateway chose protocol version {welcome.version}; this agent speaks {speaks}")
             self.metrics.connects.labels("ok").inc()
             self.replica = welcome.replica
             await self._serve(ws, welcome)

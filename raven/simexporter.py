@@ -395,32 +395,30 @@ class _NodeState:
 
     def __init__(self, node: SimNode, processes_per_gpu: int, interval: float, gzip_level: int) -> None:
         self.node = node
-        self.model = _NodeModel(
-            node.name, node.gpus, processes_per_gpu, target_bytes=node.size, interval=interval
-        )
+        self.model = _NodeModel(node.name, node.gpus, processes_per_gpu, target_bytes=node.size, interval=interval)
         self.interval = interval
         self.gzip_level = gzip_level
         self.mode: Mode = "ok"
         self.address: tuple[str, int] = (node.host, node.port)
         self.server: asyncio.Server | None = None
-        self.bucket: int | None = None
-        self.tick0 = 0
+        self.opening: asyncio.Task[None] | None = None  # re-listening after "refuse"
+        self.tick: int | None = None
+        self.started = 0.0
         self.plain = b""
         self.gzipped = b""
-        self.plain_headers: dict[str, str] = {}
-        self.gzip_headers: dict[str, str] = {}
+        self.plain_headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
+        self.gzip_headers = {**self.plain_headers, "Content-Encoding": "gzip"}
 
     def bodies(self) -> tuple[bytes, bytes]:
         """(plain, gzip) bodies for now; rendered at most once per interval."""
-        bucket = int(time.monotonic() // self.interval)
-        if bucket != self.bucket:
-            if self.bucket is None:
-                self.tick0 = bucket
-            self.plain = self.model.render(bucket - self.tick0)
+        now = time.monotonic()
+        if self.tick is None:
+            self.started = now
+        tick = int((now - self.started) // self.interval)
+        if tick != self.tick:
+            self.plain = self.model.render(tick)
             self.gzipped = gzip.compress(self.plain, compresslevel=self.gzip_level, mtime=0)
-            self.plain_headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
-            self.gzip_headers = {**self.plain_headers, "Content-Encoding": "gzip"}
-            self.bucket = bucket
+            self.tick = tick
         return self.plain, self.gzipped
 
 
@@ -471,9 +469,13 @@ class SimExporter:
         """The plain body node ``name`` serves right now."""
         return self._states[name].bodies()[0]
 
+    def gzip_body(self, name: str) -> bytes:
+        """The gzip body node ``name`` serves right now to clients that accept gzip."""
+        return self._states[name].bodies()[1]
+
     async def start(self) -> None:
-        if self._started:
-            raise RuntimeError("SimExporter already started")
+        if self._started or self._closed:
+            raise RuntimeError("SimExporter can only be started once")
         self._started = True
         self._web = web.Server(self._handle, access_log=None, handler_cancellation=False)
         try:
@@ -493,9 +495,7 @@ class SimExporter:
         self._closing.set()
         for state in self._states.values():
             self._unlisten(state)
-        for task in list(self._pending):
-            task.cancel()
-        if self._pending:
+        if self._pending:  # listeners being reopened: they close themselves once open
             await asyncio.gather(*self._pending, return_exceptions=True)
         if self._web is not None:
             self._web.pre_shutdown()
@@ -514,7 +514,9 @@ class SimExporter:
 
         ``refuse`` closes the listener at once (connect() fails from now on) and closes
         the node's open connections; leaving ``refuse`` binds the listening socket again
-        at once, so connections queue in the backlog until accept() resumes.
+        at once, so connections queue in the backlog until accept() resumes (call it from
+        the event loop's thread). Only a "refuse" in the same loop iteration as the "ok"
+        before it can be late: the listener then closes as soon as it has started.
         """
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -528,12 +530,13 @@ class SimExporter:
                 for conn in self._web.connections:
                     transport = conn.transport
                     if transport is not None and self._sockname(transport) == state.address:
-                        conn.close()
-        elif previous == "refuse":
+                        conn.force_close()
+        elif previous == "refuse" and state.opening is None:
             sock = self._bind(state)
             task = asyncio.get_running_loop().create_task(self._serve(state, sock))
+            state.opening = task
             self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            task.add_done_callback(self._reopened)
         log.info("%s: mode %s -> %s", name, previous, mode)
 
     # Listeners -------------------------------------------------------------------
@@ -563,16 +566,24 @@ class SimExporter:
         return sock
 
     async def _serve(self, state: _NodeState, sock: socket.socket) -> None:
+        """Accept on ``sock``; never cancelled, so the socket always ends up owned or closed."""
         assert self._web is not None
         try:
             server = await asyncio.get_running_loop().create_server(self._web, sock=sock, backlog=1024)
         except BaseException:
             sock.close()
             raise
+        finally:
+            state.opening = None
         if state.mode == "refuse" or self._closed:
-            server.close()  # the mode changed again while we were starting
+            server.close()  # refused again, or closed, while the listener was starting
             return
         state.server = server
+
+    def _reopened(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("reopening a listener failed: %r", exc)
 
     async def _listen(self, state: _NodeState) -> None:
         await self._serve(state, self._bind(state))
@@ -632,9 +643,7 @@ class SimExporter:
         if transport is not None:
             transport.abort()
 
-    async def _break(
-        self, request: web.BaseRequest, body: bytes, headers: dict[str, str]
-    ) -> web.StreamResponse:
+    async def _break(self, request: web.BaseRequest, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
         """Full Content-Length, about half the body, then a reset connection."""
         response = web.StreamResponse(headers=headers)
         response.content_length = len(body)
@@ -653,9 +662,7 @@ class SimExporter:
             pass
         return response
 
-    async def _slow(
-        self, request: web.BaseRequest, body: bytes, headers: dict[str, str]
-    ) -> web.StreamResponse:
+    async def _slow(self, request: web.BaseRequest, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
         """The whole body, SLOW_CHUNK bytes every SLOW_DELAY seconds."""
         response = web.StreamResponse(headers=headers)
         response.content_length = len(body)
@@ -717,22 +724,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also simulate N nodes edge-gpu-1.. on 127.0.0.2.. (default: 2 if no --node given)",
     )
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help="port for --nodes (default %(default)s)"
-    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port for --nodes (default %(default)s)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default %(default)s)")
-    parser.add_argument(
-        "--size", type=int, default=None, metavar="BYTES", help="pad each body to at least BYTES bytes"
-    )
+    parser.add_argument("--size", type=int, default=None, metavar="BYTES", help="pad each body to at least BYTES bytes")
     parser.add_argument(
         "--refresh",
         type=float,
         default=REFRESH_SECONDS,
         help="seconds between value updates (default %(default)s)",
     )
-    parser.add_argument(
-        "--stats-interval", type=float, default=10.0, help="seconds between request-count log lines"
-    )
+    parser.add_argument("--stats-interval", type=float, default=10.0, help="seconds between request-count log lines")
     return parser
 
 
@@ -745,8 +746,7 @@ async def _run(nodes: Sequence[SimNode], refresh: float, stats_interval: float) 
     await exporter.start()
     try:
         for node in nodes:
-            plain = exporter.body(node.name)
-            gzipped = gzip.compress(plain, mtime=0)
+            plain, gzipped = exporter.body(node.name), exporter.gzip_body(node.name)
             log.info(
                 "%s: %d GPUs, body %.1f KiB (gzip %.1f KiB) at %s",
                 node.name,

@@ -15,7 +15,12 @@ extra=""
 if [ "${1:-}" = "--dev" ]; then extra="[dev]"; fi
 stamp=".venv/.installed${extra}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/pip install --quiet --disable-pip-version-check --upgrade pip
-    .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extra}"
+    echo "setup: installing Raven${extra} and its dependencies into .venv (log: .venv/pip.log)"
+    if ! { .venv/bin/pip install --disable-pip-version-check --upgrade pip &&
+           .venv/bin/pip install --disable-pip-version-check -e ".${extra}"; } >.venv/pip.log 2>&1; then
+        tail -30 .venv/pip.log >&2
+        echo "setup: pip install failed (full log: .venv/pip.log)" >&2
+        exit 1
+    fi
     touch "$stamp"
 fi

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import itertools
+import logging
 import signal
 import socket
 import sys
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -33,6 +34,14 @@ GPU_FAMILIES = (
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
 )
 PROCESS_FAMILIES = ("DCGM_CUSTOM_PROCESS_SM_UTIL", "DCGM_CUSTOM_PROCESS_MEM_USED")
+
+
+@pytest.fixture(autouse=True)
+def no_server_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Faults are deliberate: the exporter must not log them as server errors."""
+    yield
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
 
 
 def families(body: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -191,7 +200,7 @@ async def exporter() -> AsyncIterator[SimExporter]:
         SimNode("edge-gpu-1", "127.0.0.2", free_port("127.0.0.2")),
         SimNode("edge-gpu-2", "127.0.0.3", free_port("127.0.0.3")),
     ]
-    exp = SimExporter(nodes)
+    exp = SimExporter(nodes, refresh=3600.0)  # the bodies do not change during a test
     await exp.start()
     try:
         yield exp
@@ -205,9 +214,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-async def test_serves_each_node_on_its_own_address(
-    exporter: SimExporter, session: aiohttp.ClientSession
-) -> None:
+async def test_serves_each_node_on_its_own_address(exporter: SimExporter, session: aiohttp.ClientSession) -> None:
     for node in exporter.nodes:
         assert exporter.address(node.name) == (node.host, node.port)
     url1, url2 = exporter.url("edge-gpu-1"), exporter.url("edge-gpu-2")
@@ -259,6 +266,7 @@ async def test_gzip_when_asked(exporter: SimExporter, session: aiohttp.ClientSes
         plain = await resp.read()
     assert len(compressed) < len(plain) / 5
     assert gzip.decompress(compressed) == plain
+    assert compressed == exporter.gzip_body("edge-gpu-1")
     # A client that decompresses transparently sees the plain body.
     async with aiohttp.ClientSession() as auto, auto.get(url) as resp:
         assert resp.headers["Content-Encoding"] == "gzip"
@@ -307,9 +315,7 @@ async def test_break_mode(exporter: SimExporter, session: aiohttp.ClientSession)
     finally:
         writer.close()
     head, _, body = received.partition(b"\r\n\r\n")
-    length = int(
-        next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
-    )
+    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
     assert length == len(exporter.body("edge-gpu-1"))
     assert len(body) < length
 
@@ -351,7 +357,7 @@ async def test_stall_mode_times_out_and_close_still_finishes(session: aiohttp.Cl
 
 
 async def test_slow_mode(session: aiohttp.ClientSession) -> None:
-    exp = SimExporter([SimNode("small", "127.0.0.2", 0, gpus=1)])
+    exp = SimExporter([SimNode("small", "127.0.0.2", 0, gpus=1)], refresh=3600.0)
     await exp.start()
     try:
         exp.set_mode("small", "slow")
@@ -429,6 +435,22 @@ async def test_refuse_mode_and_back(exporter: SimExporter, session: aiohttp.Clie
     exporter.set_mode(name, "ok")
     async with session.get(exporter.url(name), headers=PLAIN) as resp:
         assert resp.status == 200
+
+
+async def test_refuse_toggled_without_yielding(exporter: SimExporter) -> None:
+    name = "edge-gpu-1"
+    host, port = exporter.address(name)
+    for mode in ("refuse", "ok", "refuse", "ok", "ok"):
+        exporter.set_mode(name, mode)
+    async with aiohttp.ClientSession() as s, s.get(exporter.url(name)) as resp:
+        assert resp.status == 200
+    exporter.set_mode(name, "refuse")
+    exporter.set_mode(name, "ok")
+    exporter.set_mode(name, "refuse")
+    await asyncio.sleep(0.05)
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection(host, port)
+    exporter.set_mode(name, "ok")  # and close() right after a reopen
 
 
 async def test_refuse_before_start_and_close_while_refusing() -> None:
