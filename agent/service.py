@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from agent.forwarder import Forwarder
+from agent.targets import DialTarget, Resolution, resolve
 from raven import pki, wire
 from raven.config import AgentConfig
 from raven.metrics import AgentMetrics
@@ -27,6 +28,10 @@ log = logging.getLogger("raven.agent")
 
 class HandshakeRefused(Exception):
     pass
+
+
+class DuplicateReplica(Exception):
+    """This connection reached a replica the agent already holds a session to."""
 
 
 def full_jitter(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
@@ -47,7 +52,10 @@ class Agent:
         self.reloader = CertReloader(self.ssl, cfg.tls)
         self.session_id = uuid.uuid4().hex
         self.sessions: set[Session] = set()
-        self.replica: str | None = None
+        self.replica_sessions: dict[str, Session] = {}
+        self.replicas_expected = 1
+        self._links: dict[str, asyncio.Task[None]] = {}
+        self._links_changed = asyncio.Event()
         self.draining = False
         self._stop = asyncio.Event()
         self._nodes = {n.name: n.address for n in cfg.nodes}
@@ -76,15 +84,15 @@ class Agent:
 
     # ------------------------------------------------------------ one session
 
-    async def _connect_once(self, http: aiohttp.ClientSession) -> bool:
+    async def _connect_once(self, http: aiohttp.ClientSession, target: DialTarget) -> bool:
         """Dial, handshake and serve one session. Returns True if the handshake succeeded."""
         gw = self.cfg.gateway
         lim = self.cfg.limits
         async with asyncio.timeout(gw.dial_timeout):
             ws = await http.ws_connect(
-                gw.url,
+                target.url,
                 ssl=self.ssl,
-                server_hostname=gw.server_name,
+                server_hostname=target.server_hostname,
                 max_msg_size=lim.max_frame,
                 compress=0,
                 autoping=True,
@@ -112,8 +120,16 @@ class Agent:
             if welcome.version not in wire.SUPPORTED_VERSIONS:
                 speaks = list(wire.SUPPORTED_VERSIONS)
                 raise HandshakeRefused(f"gateway chose protocol version {welcome.version}; this agent speaks {speaks}")
+            if welcome.replica in self.replica_sessions:
+                raise DuplicateReplica(
+                    f"connection via {target.key} reached replica {welcome.replica!r}, which this agent already "
+                    f"holds a session to"
+                )
             self.metrics.connects.labels("ok").inc()
-            self.replica = welcome.replica
+            if welcome.replicas != self.replicas_expected:
+                log.info("gateway reports %d replica(s) (was %d)", welcome.replicas, self.replicas_expected)
+                self.replicas_expected = welcome.replicas
+                self._links_changed.set()
             await self._serve(ws, welcome)
             return True
         finally:
@@ -149,6 +165,7 @@ class Agent:
         session.start(welcome.heartbeat_interval, welcome.heartbeat_timeout)
         session.send_control(wire.Register(self.node_infos()))
         self.sessions.add(session)
+        self.replica_sessions[welcome.replica] = session
         self.metrics.sessions.set(len(self.sessions))
         log.info(
             "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
@@ -158,34 +175,88 @@ class Agent:
             await session.run(messages(ws))
         finally:
             self.sessions.discard(session)
+            if self.replica_sessions.get(welcome.replica) is session:
+                del self.replica_sessions[welcome.replica]
             self.metrics.sessions.set(len(self.sessions))
             log.warning("session to gateway %s ended: %s", welcome.replica, session.close_reason)
 
-    # ------------------------------------------------------------ dial loop
+    # ------------------------------------------------------------ dial loops
 
-    async def dial_forever(self) -> None:
+    async def _link(self, http: aiohttp.ClientSession, target: DialTarget) -> None:
+        """Hold one session through ``target``, redialling with backoff and full jitter."""
         attempt = 0
         gw = self.cfg.gateway
+        while not self._stop.is_set():
+            try:
+                if await self._connect_once(http, target):
+                    attempt = 0
+            except DuplicateReplica as exc:
+                self.metrics.connects.labels("duplicate").inc()
+                log.info("%s; dialling again", exc)
+            except HandshakeRefused as exc:
+                self.metrics.connects.labels("refused").inc()
+                log.error("%s", exc)
+            except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
+                self.metrics.connects.labels("failed").inc()
+                log.warning("cannot reach gateway %s: %s", target.url, _describe(exc))
+            if self._stop.is_set():
+                break
+            delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
+            attempt += 1
+            log.info("reconnecting to %s in %.2fs (attempt %d)", target.key, delay, attempt)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
+
+    def _desired(self, res: Resolution) -> dict[str, DialTarget]:
+        if res.per_address:
+            return {t.key: t for t in res.targets}
+        target = res.targets[0]
+        return {f"{target.key}#{i}": target for i in range(1, max(1, self.replicas_expected) + 1)}
+
+    async def dial_forever(self) -> None:
+        """Keep one link per gateway address (or per replica behind one address); follow DNS changes."""
+        gw = self.cfg.gateway
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        res: Resolution | None = None
         async with aiohttp.ClientSession(connector=connector) as http:
-            while not self._stop.is_set():
-                try:
-                    if await self._connect_once(http):
-                        attempt = 0
-                except HandshakeRefused as exc:
-                    self.metrics.connects.labels("refused").inc()
-                    log.error("%s", exc)
-                except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
-                    self.metrics.connects.labels("failed").inc()
-                    log.warning("cannot reach gateway %s: %s", gw.url, _describe(exc))
-                if self._stop.is_set():
-                    break
-                delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
-                attempt += 1
-                log.info("reconnecting in %.2fs (attempt %d)", delay, attempt)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stop.wait()
+            try:
+                while not self._stop.is_set():
+                    try:
+                        res = await resolve(gw.url, gw.server_name, gw.resolver)
+                    except OSError as exc:
+                        log.warning("cannot resolve the gateway: %s%s", exc,
+                                    " (keeping the current links)" if res else "")
+                    if res is not None:
+                        self._apply(http, self._desired(res))
+                    self._links_changed.clear()
+                    interval = gw.resolve_interval if res is not None else gw.backoff_initial * 4
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(interval):
+                            stop = asyncio.ensure_future(self._stop.wait())
+                            changed = asyncio.ensure_future(self._links_changed.wait())
+                            try:
+                                await asyncio.wait({stop, changed}, return_when=asyncio.FIRST_COMPLETED)
+                            finally:
+                                stop.cancel()
+                                changed.cancel()
+            finally:
+                tasks = list(self._links.values())
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self._links.clear()
+
+    def _apply(self, http: aiohttp.ClientSession, desired: dict[str, DialTarget]) -> None:
+        for key in list(self._links):
+            if key not in desired:
+                log.info("gateway target %s is gone: closing its link", key)
+                self._links.pop(key).cancel()
+        for key, target in desired.items():
+            task = self._links.get(key)
+            if task is None or task.done():
+                log.info("dialling gateway target %s (%s)", key, target.url)
+                self._links[key] = asyncio.get_running_loop().create_task(self._link(http, target), name=key)
 
     # ------------------------------------------------------------ lifecycle
 

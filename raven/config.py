@@ -120,6 +120,10 @@ class AgentGateway(_Model):
     dial_timeout: Seconds = 10.0
     backoff_initial: Seconds = 0.5
     backoff_max: Seconds = 30.0
+    resolver: HostPort | None = Field(
+        None, description="DNS server (HOST:PORT) for the gateway's name; default: the system's resolv.conf"
+    )
+    resolve_interval: Seconds = Field(30.0, description="how often to re-resolve the gateway's name")
 
     @model_validator(mode="after")
     def _wss(self) -> AgentGateway:
