@@ -60,12 +60,19 @@ async def _dns_addresses(host: str, nameserver: str | None, timeout: float) -> l
             resolver.port = int(port)
     resolver.lifetime = timeout
     addresses: list[str] = []
+    failure: dns.exception.DNSException | None = None
     for rdtype in ("A", "AAAA"):
         try:
             answer = await resolver.resolve(host, rdtype, search=True)
         except (dns.resolver.NoAnswer, dns.resolver.NXDOMAIN):
             continue
+        except dns.exception.DNSException as exc:
+            # Some servers refuse or fail one record type only (AAAA, typically): use the other.
+            failure = exc
+            continue
         addresses.extend(rr.to_text() for rr in answer)
+    if not addresses and failure is not None:
+        raise failure
     return addresses
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 from aiohttp import web
 
@@ -30,11 +31,22 @@ class Gateway:
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
         self._runners: list[web.BaseRunner] = []
         self._stopped = asyncio.Event()
+        self.started = time.monotonic()
 
     def ready(self) -> tuple[bool, str]:
         if self.tunnel.draining:
             return False, "draining"
-        return True, f"{len(self.registry.sessions)} agent session(s), {len(self.registry.reachable_nodes())} node(s)"
+        sessions = len(self.registry.sessions)
+        status = f"{sessions} agent session(s), {len(self.registry.reachable_nodes())} node(s)"
+        now = time.monotonic()
+        if now - self.started >= self.cfg.ready_max_wait:
+            return True, status
+        if not sessions:
+            return False, f"waiting for agents to connect ({status})"
+        quiet = now - self.tunnel.last_session_at
+        if quiet < self.cfg.ready_settle:
+            return False, f"agents still connecting ({status}; last {quiet:.1f}s ago)"
+        return True, status
 
     async def http_sd(self, _: web.Request) -> web.Response:
         """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port."""
@@ -83,9 +95,10 @@ class Gateway:
 
     async def drain(self) -> None:
         """Refuse new agents, tell connected ones, let requests in flight finish, then stop."""
-        log.info("draining: waiting up to %.0fs for %d request(s) in flight", self.cfg.drain_grace,
-                 sum(self.proxy.node_streams.values()))
+        log.info("draining: /readyz now 503; serving for %.1fs more, then waiting up to %.0fs for requests in flight",
+                 self.cfg.drain_linger, self.cfg.drain_grace)
         self.tunnel.start_drain()
+        await asyncio.sleep(self.cfg.drain_linger)
         try:
             async with asyncio.timeout(self.cfg.drain_grace):
                 await self.proxy.idle.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 
 from aiohttp import web
 
@@ -26,6 +27,7 @@ class TunnelEndpoint:
         self.draining = False
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self.handlers: set[asyncio.Task[None]] = set()
+        self.last_session_at = time.monotonic()
 
     def _refuse(self, peer: str, reason: str, status: int) -> web.Response:
         log.warning("tunnel handshake from %s refused: %s", peer, reason)
@@ -159,6 +161,7 @@ class TunnelEndpoint:
         )
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer)
         holder.append(agent_session)
+        self.last_session_at = time.monotonic()
         old = self.registry.add_session(agent_session)
         if old is not None:
             log.info("agent %s reconnected with session %s: closing the older one", hello.agent, hello.session[:8])

@@ -105,6 +105,17 @@ class GatewayConfig(_Model):
     metrics_listen: HostPort = "0.0.0.0:10265"
     tls: TLSConfig
     limits: TunnelLimits = TunnelLimits()
+    ready_settle: float = Field(
+        2.0, ge=0, le=300,
+        description="after start, /readyz waits for agent sessions to arrive and then for this long without a "
+        "new one, so that a restarted replica does not take traffic before its agents are back",
+    )
+    ready_max_wait: Seconds = Field(30.0, description="after this long since start, ready regardless")
+    drain_linger: float = Field(
+        3.0, ge=0, le=300,
+        description="after SIGTERM, keep serving new requests this long while /readyz says 503 "
+        "(so that load balancers stop sending), then wait for requests in flight",
+    )
     drain_grace: Seconds = 20.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -25,10 +25,24 @@ from raven import pki
 from raven.simexporter import SimNode
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", also: tuple[str, ...] = ()) -> int:
+    """A port free on ``host`` (and on every address in ``also``)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if all(_free(h, port) for h in also):
+            return port
+    raise OSError(f"no port free on {host} and {', '.join(also)}")
+
+
+def _free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -45,6 +59,7 @@ class Proc:
     log: Path
     metrics_port: int
     config: Path
+    host: str = "127.0.0.1"
 
     @property
     def running(self) -> bool:
@@ -65,22 +80,38 @@ class LocalCluster:
     gateway_settings: dict[str, Any] = field(default_factory=dict)
     agent_settings: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    # One gateway replica per address; all use the same ports, as pods behind one Service would.
+    gateway_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1"])
+    # What agents dial; default: the first replica's address.
+    gateway_url: str | None = None
 
     def __post_init__(self) -> None:
         self.certs = self.workdir / "pki"
-        self.front_port = free_port()
-        self.tunnel_port = free_port()
-        self.gateway_metrics_port = free_port()
-        self.gateway: Proc | None = None
+        first, *rest = self.gateway_hosts
+        others = tuple(rest)
+        self.front_port = free_port(first, others)
+        self.tunnel_port = free_port(first, others)
+        self.gateway_metrics_port = free_port(first, others)
+        self.gateways: list[Proc | None] = [None] * len(self.gateway_hosts)
         self.agents: dict[str, Proc] = {}
 
     @property
+    def gateway(self) -> Proc | None:
+        return self.gateways[0]
+
+    def front_url_of(self, replica: int) -> str:
+        return f"http://{self.gateway_hosts[replica]}:{self.front_port}"
+
+    def sd_url_of(self, replica: int) -> str:
+        return f"http://{self.gateway_hosts[replica]}:{self.gateway_metrics_port}/sd"
+
+    @property
     def front_url(self) -> str:
-        return f"http://127.0.0.1:{self.front_port}"
+        return self.front_url_of(0)
 
     @property
     def sd_url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_metrics_port}/sd"
+        return self.sd_url_of(0)
 
     def agent_names(self, pool: PoolSpec) -> list[str]:
         return [f"agent-{pool.name}-{i}" for i in range(1, pool.agents + 1)]
@@ -90,7 +121,7 @@ class LocalCluster:
     def make_pki(self) -> None:
         pki.create_ca(self.certs, common_name="Raven ephemeral CA")
         pki.issue(self.certs, self.certs, "gateway", "raven-gateway", dns_names=["raven-gateway", "localhost"],
-                  ip_addresses=["127.0.0.1"], days=2)
+                  ip_addresses=sorted({"127.0.0.1", *self.gateway_hosts}), days=2)
         for pool in self.pools:
             for name in self.agent_names(pool):
                 pki.issue(self.certs, self.certs, "agent", name, pools=[pool.name], days=2)
@@ -100,23 +131,31 @@ class LocalCluster:
         path.write_text(yaml.safe_dump(tree, sort_keys=False))
         return path
 
-    def gateway_config(self) -> Path:
+    def gateway_config(self, replica: int = 0) -> Path:
+        host = self.gateway_hosts[replica]
         tree: dict[str, Any] = {
-            "replica_id": "gw-1",
-            "tunnel": {"listen": f"127.0.0.1:{self.tunnel_port}"},
-            "front": {"listen": f"127.0.0.1:{self.front_port}", "allowed_ports": self.allowed_ports},
-            "metrics_listen": f"127.0.0.1:{self.gateway_metrics_port}",
+            "replica_id": f"gw-{replica + 1}",
+            "replicas": len(self.gateway_hosts),
+            "tunnel": {"listen": f"{host}:{self.tunnel_port}"},
+            "front": {"listen": f"{host}:{self.front_port}", "allowed_ports": self.allowed_ports},
+            "metrics_listen": f"{host}:{self.gateway_metrics_port}",
             "tls": {"cert": str(self.certs / "raven-gateway.pem"), "key": str(self.certs / "raven-gateway-key.pem"),
                     "ca": str(self.certs / "ca.pem")},
             "drain_grace": 5,
+            "drain_linger": 0.5,
+            "ready_settle": 0.5,
         }
         _merge(tree, self.gateway_settings)
-        return self._write("gateway", tree)
+        return self._write(self.gateway_name(replica), tree)
+
+    def gateway_name(self, replica: int) -> str:
+        return "gateway" if replica == 0 else f"gateway-{replica + 1}"
 
     def agent_config(self, pool: PoolSpec, name: str, metrics_port: int) -> Path:
         tree: dict[str, Any] = {
             "pool": pool.name,
-            "gateway": {"url": f"wss://127.0.0.1:{self.tunnel_port}/tunnel", "server_name": "raven-gateway",
+            "gateway": {"url": self.gateway_url or f"wss://{self.gateway_hosts[0]}:{self.tunnel_port}/tunnel",
+                        "server_name": "raven-gateway",
                         "backoff_initial": 0.2, "backoff_max": 2},
             "nodes": [{"name": n.name, "address": n.host} for n in pool.nodes],
             "allowed_ports": self.allowed_ports,
@@ -130,7 +169,9 @@ class LocalCluster:
 
     # ------------------------------------------------------------ processes
 
-    async def _spawn(self, name: str, args: list[str], metrics_port: int, config: Path) -> Proc:
+    async def _spawn(
+        self, name: str, args: list[str], metrics_port: int, config: Path, host: str = "127.0.0.1"
+    ) -> Proc:
         log = self.workdir / f"{name}.log"
         env = {**os.environ, **self.env}
         with log.open("ab") as out:
@@ -138,14 +179,15 @@ class LocalCluster:
                 sys.executable, "-m", "raven.cli", *args,
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env,
             )
-        return Proc(name, process, log, metrics_port, config)
+        return Proc(name, process, log, metrics_port, config, host)
 
-    async def start_gateway(self) -> Proc:
-        config = self.gateway_config()
-        self.gateway = await self._spawn("gateway", ["gateway", "--config", str(config)],
-                                         self.gateway_metrics_port, config)
-        await self.wait_ready(self.gateway)
-        return self.gateway
+    async def start_gateway(self, replica: int = 0) -> Proc:
+        config = self.gateway_config(replica)
+        proc = await self._spawn(self.gateway_name(replica), ["gateway", "--config", str(config)],
+                                 self.gateway_metrics_port, config, self.gateway_hosts[replica])
+        self.gateways[replica] = proc
+        await self.wait_ready(proc, path="/healthz")  # /readyz waits for agents, which start later
+        return proc
 
     async def start_agent(self, pool: PoolSpec, name: str, wait: bool = True) -> Proc:
         old = self.agents.get(name)
@@ -160,15 +202,16 @@ class LocalCluster:
     async def start(self, timeout: float = 30.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.make_pki()
-        await self.start_gateway()
+        for replica in range(len(self.gateway_hosts)):
+            await self.start_gateway(replica)
         starts = [self.start_agent(pool, name, wait=False) for pool in self.pools for name in self.agent_names(pool)]
         await asyncio.gather(*starts)
         for proc in self.agents.values():
             await self.wait_ready(proc, timeout)
         await self.wait_registered(timeout)
 
-    async def wait_ready(self, proc: Proc, timeout: float = 30.0) -> None:
-        url = f"http://127.0.0.1:{proc.metrics_port}/readyz"
+    async def wait_ready(self, proc: Proc, timeout: float = 30.0, path: str = "/readyz") -> None:
+        url = f"http://{proc.host}:{proc.metrics_port}{path}"
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
@@ -182,25 +225,35 @@ class LocalCluster:
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"{proc.name} not ready within {timeout:.0f}s:\n{proc.log_tail()}")
 
-    async def sd(self) -> list[dict[str, Any]]:
+    async def sd(self, replica: int = 0) -> list[dict[str, Any]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            async with http.get(self.sd_url) as resp:
+            async with http.get(self.sd_url_of(replica)) as resp:
                 data: list[dict[str, Any]] = json.loads(await resp.text())
                 return data
 
-    async def wait_registered(self, timeout: float = 30.0, agents_per_node: int | None = None) -> None:
-        """Wait until every node is reachable, through ``agents_per_node`` agents (default: all of its pool)."""
+    async def wait_registered(
+        self, timeout: float = 30.0, agents_per_node: int | None = None, replicas: list[int] | None = None
+    ) -> None:
+        """Wait until every node is reachable on every running replica, through ``agents_per_node``
+        agents (default: all of its pool)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         want = {n.name: (agents_per_node or p.agents) for p in self.pools for n in p.nodes}
+        if replicas is None:
+            replicas = [i for i, g in enumerate(self.gateways) if g is not None and g.running]
         have: dict[str, int] = {}
         while loop.time() < end:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                have = {}
-                for group in await self.sd():
-                    labels = group["labels"]
-                    have[labels["node"]] = len(labels["__meta_raven_agents"].split(","))
-                if all(have.get(node, 0) >= n for node, n in want.items()):
+                done = True
+                for replica in replicas:
+                    have = {}
+                    for group in await self.sd(replica):
+                        labels = group["labels"]
+                        have[labels["node"]] = len(labels["__meta_raven_agents"].split(","))
+                    if not all(have.get(node, 0) >= n for node, n in want.items()):
+                        done = False
+                        break
+                if done:
                     return
             await asyncio.sleep(0.1)
         raise RuntimeError(f"nodes not registered within {timeout:.0f}s: want {want}, have {have}")
@@ -219,7 +272,7 @@ class LocalCluster:
         return proc.process.returncode if proc.process.returncode is not None else -1
 
     async def close(self) -> None:
-        procs = list(self.agents.values()) + ([self.gateway] if self.gateway else [])
+        procs = list(self.agents.values()) + [g for g in self.gateways if g is not None]
         await asyncio.gather(*(self.stop(p, grace=8.0) for p in procs), return_exceptions=True)
 
 

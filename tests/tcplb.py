@@ -1,0 +1,63 @@
+"""A small round-robin TCP load balancer, standing in for a Kubernetes Service in front of replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+
+class TcpBalancer:
+    def __init__(self, listen: tuple[str, int], backends: list[tuple[str, int]]) -> None:
+        self.listen = listen
+        self.backends = backends
+        self._next = itertools.cycle(range(len(backends)))
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.connections = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, *self.listen)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.connections += 1
+        up_writer: asyncio.StreamWriter | None = None
+        try:
+            for _ in range(len(self.backends)):
+                host, port = self.backends[next(self._next)]
+                try:
+                    async with asyncio.timeout(3):
+                        up_reader, up_writer = await asyncio.open_connection(host, port)
+                    break
+                except (OSError, TimeoutError):
+                    continue
+            if up_writer is None:
+                return
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            for w in (writer, up_writer):
+                if w is not None:
+                    w.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
