@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the Debian packages the tests start for real: dnsmasq (DNS from a hosts file).
+# Does nothing when they are already there. Needs root (CI runs as root) or sudo.
+set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"
+need=()
+command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
+if [ ${#need[@]} -eq 0 ]; then
+    exit 0
+fi
+echo "system-deps: installing Debian packages: ${need[*]}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        echo "system-deps: need root to install ${need[*]} (apt-get install ${need[*]})" >&2
+        exit 1
+    fi
+fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
