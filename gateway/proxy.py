@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +62,36 @@ RESET_STATUS: dict[int, int] = {
     wire.ResetCode.SESSION_CLOSED: 502,
     wire.ResetCode.CANCEL: 502,
 }
+
+
+_UNSAFE = re.compile(r"[^\x20-\x7e]")
+
+
+def _header_safe(text: str) -> str:
+    return _UNSAFE.sub("?", text[:200])
+
+
+def _content_length(value: str | None) -> int | None:
+    """Strict: one run of ASCII digits, or None when absent. Raises Refusal(502) when malformed."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise Refusal(502, f"the agent sent an invalid Content-Length {value[:40]!r}")
+    return int(value)
+
+
+def check_header_block(headers: wire.Headers, limits: wire.Limits) -> None:
+    """The headers must fit the wire format: ISO-8859-1 text and a bounded block (else 400/431)."""
+    size = 2
+    for name, value in headers:
+        try:
+            size += 4 + len(name.encode("latin-1")) + len(value.encode("latin-1"))
+        except UnicodeEncodeError:
+            raise Refusal(400, f"header {name[:60]!r} has characters outside ISO-8859-1") from None
+    if len(headers) > limits.max_headers:
+        raise Refusal(431, f"{len(headers)} request headers, limit {limits.max_headers}")
+    if size > limits.max_header_bytes:
+        raise Refusal(431, f"request headers take {size} bytes, limit {limits.max_header_bytes}")
 
 
 class Refusal(Exception):
@@ -192,7 +225,7 @@ class Proxy:
         return web.Response(
             status=ref.status,
             text=f"raven: {ref.reason}\n",
-            headers={"X-Raven-Error": ref.reason[:200].encode("ascii", "replace").decode()},
+            headers={"X-Raven-Error": _header_safe(ref.reason)},
         )
 
     # ------------------------------------------------------------ opening a stream, with one retry
@@ -240,6 +273,8 @@ class Proxy:
             except StreamReset as exc:
                 last = Refusal(503, f"agent {chosen.agent}: {exc.reason}")
                 continue
+            except (ValueError, wire.ProtocolError) as exc:
+                raise Refusal(400, f"request cannot be carried: {exc}") from None
             self.metrics.streams.inc()
             try:
                 remaining = deadline - time.monotonic()
@@ -264,7 +299,7 @@ class Proxy:
                     status,
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
-                if attempt == 1 and retryable and len(entry.sessions) > 1:
+                if attempt == 1 and retryable and self.registry.select(entry, tried) is not None:
                     log.info("retrying %s on another agent of pool %r: %s", target.node, entry.pool, exc.reason)
                     self.metrics.retries.labels(entry.pool).inc()
                     continue
@@ -294,6 +329,7 @@ class Proxy:
         headers = filter_headers(request.headers.items(), frozenset({"host"}))
         remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
         headers = (("Host", f"{target.node}:{target.port}"), *headers, (DEADLINE_HEADER, str(remaining_ms)))
+        check_header_block(headers, wire.DEFAULT_LIMITS)
         has_body = request.body_exists
         open_frame = wire.Open(
             0, wire.StreamKind.HTTP, target.node, target.port, request.method, target.path, headers, not has_body
@@ -323,12 +359,13 @@ class Proxy:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
-        length = out_headers.get("Content-Length")
+        length = _content_length(out_headers.get("Content-Length"))
         resp.headers.extend(out_headers)
         resp.headers["X-Raven-Agent"] = chosen.agent
-        if length is not None and length.isdigit():
-            resp.content_length = int(length)
-        elif request.version >= (1, 1) and request.method != "HEAD":
+        no_body = request.method == "HEAD" or head.status in (204, 304) or 100 <= head.status < 200
+        if length is not None:
+            resp.content_length = length
+        elif request.version >= (1, 1) and not no_body:
             resp.enable_chunked_encoding()
         await resp.prepare(request)
         received = 0
@@ -337,6 +374,9 @@ class Proxy:
                 while chunk := await stream.read():
                     received += len(chunk)
                     await resp.write(chunk)
+            if length is not None and not no_body and received != length:
+                raise StreamReset(wire.ResetCode.UPSTREAM_BROKEN,
+                                  f"body ended after {received} of {length} bytes", remote=True)
         except (StreamReset, TimeoutError) as exc:
             why = exc.reason if isinstance(exc, StreamReset) else "deadline passed mid-body"
             log.warning(
@@ -365,9 +405,19 @@ class Proxy:
 
     @staticmethod
     def _abort(request: web.BaseRequest) -> None:
+        """Reset the client connection: a broken response must never read as complete.
+
+        A plain close would end an HTTP/1.0 body (delimited by the close) as if it were whole;
+        SO_LINGER 0 turns the close into a TCP RST for every client.
+        """
         transport = request.transport
-        if transport is not None:
-            transport.close()
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
 
     # ------------------------------------------------------------ CONNECT
 
@@ -439,47 +489,56 @@ class _TunnelFeeder:
 async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> tuple[int, int]:
     transport = request.transport
     assert transport is not None
+    loop = asyncio.get_running_loop()
     feeder = _TunnelFeeder(transport)
     request.protocol.set_parser(feeder)  # type: ignore[arg-type]
     counts = [0, 0]
+    last = [loop.time()]  # activity in either direction keeps the tunnel alive
 
     async def up() -> None:
         while True:
-            async with asyncio.timeout(idle):
-                await feeder.wake.wait()
+            await feeder.wake.wait()
             for chunk in feeder.take():
                 await stream.write(chunk)
                 counts[0] += len(chunk)
+                last[0] = loop.time()
             if feeder.eof and not feeder.chunks:
                 stream.end()
                 return
 
     async def down() -> None:
-        while True:
-            async with asyncio.timeout(idle):
-                chunk = await stream.read()
-            if not chunk:
-                return
+        while chunk := await stream.read():
             transport.write(bytes(chunk))
             counts[1] += len(chunk)
+            last[0] = loop.time()
             # aiohttp exposes no public drain for a taken-over connection: poll the buffer.
             while transport.get_write_buffer_size() > 256 * 1024 and not transport.is_closing():  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
 
+    async def watchdog() -> None:
+        while (quiet := loop.time() - last[0]) < idle:  # noqa: ASYNC110 (a timer, not a condition wait)
+            await asyncio.sleep(min(1.0, idle - quiet + 0.01))
+        log.info("CONNECT to %s:%d idle for %.0fs: closing", stream.open.node, stream.open.port, idle)
+
     up_task = asyncio.ensure_future(up())
     down_task = asyncio.ensure_future(down())
+    dog_task = asyncio.ensure_future(watchdog())
+    tasks = (up_task, down_task, dog_task)
     try:
-        done, _ = await asyncio.wait({up_task, down_task}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             task.result()  # re-raise what ended it
-        if down_task not in done:
-            await down_task  # the client half-closed: let the node finish its answer
-    except (StreamReset, TimeoutError, ConnectionError) as exc:
-        log.info("CONNECT relay ended: %s", exc)
+        if up_task in done and down_task not in done:
+            # The client half-closed: let the node finish its answer (the watchdog still runs).
+            done, _ = await asyncio.wait((down_task, dog_task), return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+    except (StreamReset, ConnectionError) as exc:
+        log.info("CONNECT relay to %s:%d ended: %s", stream.open.node, stream.open.port, exc)
     finally:
-        for task in (up_task, down_task):
+        for task in tasks:
             task.cancel()
-        for task in (up_task, down_task):
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
     return counts[0], counts[1]

@@ -37,7 +37,12 @@ class AgentSession:
 
     @property
     def usable(self) -> bool:
-        return not self.draining and not self.session.closed and not self.session.peer_draining
+        return (
+            not self.draining
+            and not self.session.closed
+            and not self.session.peer_draining
+            and self.session.ids_left > 0
+        )
 
     def __repr__(self) -> str:
         return f"<agent {self.agent} session {self.session_id[:8]} pools={sorted(self.pools)}>"

@@ -71,6 +71,7 @@ class Gateway:
 
         front = web.Server(
             self.proxy.handle,
+            logger=_one_line_logger("raven.gateway.http"),
             max_line_size=self.cfg.front.max_header_bytes,
             max_field_size=self.cfg.front.max_header_bytes,
             handler_cancellation=True,
@@ -107,8 +108,8 @@ class Gateway:
         self._stopped.set()
 
     async def stop(self) -> None:
-        for s in list(self.registry.sessions.values()):
-            await s.session.close("gateway stopping", 9)
+        sessions = [s.session for s in self.registry.sessions.values()]
+        await asyncio.gather(*(s.close("gateway stopping", 9) for s in sessions), return_exceptions=True)
         await self.reloader.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
@@ -133,3 +134,23 @@ class Gateway:
             await self.stop()
         log.info("gateway %s stopped", self.cfg.replica_id)
         return 0
+
+
+class _OneLine(logging.Filter):
+    """Malformed client requests are logged as one line, not a traceback per request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {record.exc_info[1]!s}"[:500]
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _one_line_logger(name: str) -> logging.Logger:
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _OneLine) for f in logger.filters):
+        logger.addFilter(_OneLine())
+    return logger

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -31,9 +32,24 @@ def setup_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+def raise_fd_limit() -> None:
+    """A gateway holds one socket per agent session: lift the soft open-files limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        log.warning("could not raise the open-files limit: %s", exc)
+
+
 def run_async(coro: Coroutine[Any, Any, int]) -> int:
     """Run on uvloop when it is installed, else on the stock event loop."""
+    raise_fd_limit()
     try:
+        if os.environ.get("RAVEN_NO_UVLOOP"):
+            raise ImportError("disabled by RAVEN_NO_UVLOOP")
         import uvloop
     except ImportError:
         return asyncio.run(coro)

@@ -239,9 +239,11 @@ def build(
                 tls[name] = str(root / value)
     env = os.environ if environ is None else environ
     for key, value in sorted(env.items()):
-        if key.startswith("RAVEN_") and key != "RAVEN_CONFIG":
+        if key.startswith("RAVEN_"):
             dotted = key.removeprefix("RAVEN_").lower().replace("__", ".")
-            _set_path(tree, dotted, _scalar(value))
+            # Only variables that name a setting: RAVEN_NO_UVLOOP and the like are not configuration.
+            if dotted.split(".")[0] in model.model_fields:
+                _set_path(tree, dotted, _scalar(value))
     for item in overrides:
         field, sep, value = item.partition("=")
         if not sep:

@@ -121,6 +121,8 @@ class Stream:
     def _on_data(self, data: memoryview, fin: bool) -> None:
         if self._remote_fin:
             raise wire.ProtocolError("DATA after END", self.id)
+        if self._session.opener and not self._head.done():
+            raise wire.ProtocolError("DATA before HEAD", self.id)
         n = len(data)
         if n:
             self._recv.received(n, self.id)
@@ -135,6 +137,8 @@ class Stream:
     def _on_fin(self) -> None:
         if self._remote_fin:
             raise wire.ProtocolError("END after END", self.id)
+        if self._session.opener and not self._head.done():
+            raise wire.ProtocolError("END before HEAD", self.id)
         self._remote_fin = True
         self._wake(self._data_waiter)
         self._maybe_release()
@@ -412,7 +416,10 @@ class Session:
         if len(self.streams) >= self.peer_max_streams:
             raise StreamReset(wire.ResetCode.LIMIT, f"{len(self.streams)} streams open, agent limit", remote=False)
         stream_id = self._next_id
-        self._next_id += 2
+        if stream_id > wire.MAX_STREAM_ID:
+            # Ids are never reused: end this session; the agent redials and gets a fresh one.
+            self._close_soon("stream ids exhausted: reconnect for a new session", wire.ResetCode.LIMIT)
+            raise StreamReset(wire.ResetCode.SESSION_CLOSED, "stream ids of this session exhausted", remote=False)
         frame = wire.Open(
             stream_id,
             open_frame.kind,
@@ -423,12 +430,18 @@ class Session:
             open_frame.headers,
             open_frame.fin,
         )
+        encoded = wire.encode(frame)  # may raise for unencodable input: nothing is registered yet
+        self._next_id += 2
         stream = Stream(self, stream_id, frame)
         if frame.fin:
             stream.local_fin = True
         self.streams[stream_id] = stream
-        self._enqueue(wire.encode(frame))
+        self._enqueue(encoded)
         return stream
+
+    @property
+    def ids_left(self) -> int:
+        return max(0, (wire.MAX_STREAM_ID - self._next_id) // 2 + 1)
 
     def _release(self, stream: Stream) -> None:
         if self.streams.pop(stream.id, None) is not None and self.on_stream_closed is not None:

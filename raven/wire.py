@@ -39,9 +39,10 @@ _RESET_FIXED = struct.Struct("!H")  # code
 MAX_STREAM_ID = 2**32 - 1
 MAX_WINDOW_INCREMENT = 2**31 - 1
 
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_BAD_REASON = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class FrameType(enum.IntEnum):
@@ -326,7 +327,7 @@ def encode(frame: Frame) -> bytes:
         return _header(FrameType.OPEN, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
     if isinstance(frame, Head):
         _check_headers(frame.headers, frame.stream_id)
-        reason = frame.reason.encode("latin-1", "replace")[:255]
+        reason = _BAD_REASON.sub(b" ", frame.reason.encode("latin-1", "replace")[:255])
         body = _HEAD_FIXED.pack(frame.status, len(reason)) + reason + _encode_headers(frame.headers)
         return _header(FrameType.HEAD, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
     if isinstance(frame, Reset):
@@ -614,6 +615,8 @@ def decode(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIM
         if not 100 <= status <= 999:
             raise ProtocolError(f"HEAD: status {status} out of range", stream_id)
         reason = r.text(reason_len, "reason")
+        if _BAD_REASON.search(reason.encode("latin-1")):
+            raise ProtocolError("HEAD: control character in the reason phrase", stream_id)
         headers = _decode_headers(r, limits)
         r.done("HEAD")
         return Head(stream_id, status, reason, headers, fin)

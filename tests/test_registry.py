@@ -13,6 +13,7 @@ class FakeSession:
         self.in_flight = in_flight
         self.closed = False
         self.peer_draining = False
+        self.ids_left = 1000
 
 
 def agent(name: str, pools: set[str], sid: str = "s1", load: int = 0) -> AgentSession:
