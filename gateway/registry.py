@@ -54,6 +54,13 @@ class NodeEntry:
     address: str
     pool: str
     sessions: list[AgentSession] = field(default_factory=list)
+    released_at: float | None = None  # when the last claim went away
+
+
+# Names an agent may never claim: they would shadow cluster or local names in the hosts file.
+RESERVED_NAMES = frozenset({"localhost", "kubernetes"})
+RESERVED_SUFFIXES = (".svc", ".local", ".localhost", ".internal.cluster", ".cluster.local")
+MAX_LOGGED_REFUSALS = 10
 
 
 class Lookup:
@@ -67,10 +74,17 @@ class Lookup:
 
 
 class Registry:
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[], None] | None = None,
+        rebind_after: float = 3600.0,
+        max_nodes_per_session: int = 10000,
+    ) -> None:
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self.nodes: dict[str, NodeEntry] = {}
         self.on_change = on_change
+        self.rebind_after = rebind_after
+        self.max_nodes_per_session = max_nodes_per_session
         self._turn = 0
 
     # ------------------------------------------------------------ sessions
@@ -96,10 +110,15 @@ class Registry:
 
     def _drop_claims(self, s: AgentSession) -> None:
         for name in s.nodes:
-            entry = self.nodes.get(name)
-            if entry is not None and s in entry.sessions:
-                entry.sessions.remove(s)
+            self._unclaim(name, s)
         s.nodes = set()
+
+    def _unclaim(self, name: str, s: AgentSession) -> None:
+        entry = self.nodes.get(name)
+        if entry is not None and s in entry.sessions:
+            entry.sessions.remove(s)
+            if not entry.sessions:
+                entry.released_at = time.monotonic()
 
     # ------------------------------------------------------------ registration
 
@@ -114,29 +133,34 @@ class Registry:
             reason = self._refusal(s, info)
             if reason is None and info.name in wanted:
                 reason = "listed twice in one registration"
+            if reason is None and len(wanted) >= self.max_nodes_per_session:
+                reason = f"more than {self.max_nodes_per_session} nodes in one registration"
             if reason is not None:
                 refused.append((info.name, reason))
-                log.warning(
-                    "refused registration of node %r (pool %r) from agent %s: %s",
-                    info.name, info.pool, s.agent, reason,
-                )
+                if len(refused) <= MAX_LOGGED_REFUSALS:
+                    log.warning(
+                        "refused registration of node %r (pool %r) from agent %s: %s",
+                        info.name[:253], info.pool[:63], s.agent, reason,
+                    )
                 continue
             wanted[info.name] = info
+        if len(refused) > MAX_LOGGED_REFUSALS:
+            log.warning("agent %s: %d more node registrations refused (not logged one by one)",
+                        s.agent, len(refused) - MAX_LOGGED_REFUSALS)
         for name in list(s.nodes):
             if name not in wanted:
-                entry = self.nodes.get(name)
-                if entry is not None and s in entry.sessions:
-                    entry.sessions.remove(s)
+                self._unclaim(name, s)
                 s.nodes.discard(name)
         for name, info in wanted.items():
             entry = self.nodes.get(name)
             if entry is None or (not entry.sessions and entry.pool != info.pool):
                 if entry is not None:
-                    log.warning("node %r moves from pool %r to pool %r (no live claim held it)",
+                    log.warning("node %r moves from pool %r to pool %r (its binding expired)",
                                 name, entry.pool, info.pool)
                 entry = NodeEntry(name, info.address, info.pool)
                 self.nodes[name] = entry
             entry.address = info.address
+            entry.released_at = None
             if s not in entry.sessions:
                 entry.sessions.append(s)
             s.nodes.add(name)
@@ -147,13 +171,22 @@ class Registry:
     def _refusal(self, s: AgentSession, info: wire.NodeInfo) -> str | None:
         if not wire.valid_node_name(info.name):
             return "not a valid RFC 1123 node name"
+        if info.name in RESERVED_NAMES or info.name.endswith(RESERVED_SUFFIXES):
+            return "reserved name (cluster-internal or local names cannot be claimed)"
         if info.pool not in s.pools:
             allowed = ", ".join(sorted(s.pools)) or "none"
-            return f"pool {info.pool!r} is not in this agent's certificate (allowed: {allowed})"
+            return f"pool {info.pool[:63]!r} is not in this agent's certificate (allowed: {allowed})"
         entry = self.nodes.get(info.name)
-        if entry is not None and entry.pool != info.pool and entry.sessions:
-            holders = ", ".join(sorted({x.agent for x in entry.sessions}))
-            return f"node already registered by pool {entry.pool!r} (agents: {holders})"
+        if entry is not None and entry.pool != info.pool:
+            if entry.sessions:
+                holders = ", ".join(sorted({x.agent for x in entry.sessions}))
+                return f"node already registered by pool {entry.pool!r} (agents: {holders})"
+            released = time.monotonic() - (entry.released_at or 0.0)
+            if released < self.rebind_after:
+                return (
+                    f"node is bound to pool {entry.pool!r} (its agents left {released:.0f}s ago; another pool may "
+                    f"claim it after {self.rebind_after:.0f}s)"
+                )
         return None
 
     def _changed(self) -> None:

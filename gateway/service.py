@@ -24,7 +24,7 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         self.metrics = GatewayMetrics()
-        self.registry = Registry()
+        self.registry = Registry(rebind_after=cfg.node_rebind_after, max_nodes_per_session=cfg.max_nodes_per_agent)
         self.ssl = server_context(cfg.tls)
         self.reloader = CertReloader(self.ssl, cfg.tls)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)

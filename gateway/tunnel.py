@@ -127,10 +127,13 @@ class TunnelEndpoint:
             agent_session = holder[0]
             if isinstance(frame, wire.Register):
                 accepted, refused = self.registry.register(agent_session, frame.nodes)
-                for name, reason in refused:
-                    pool = next((n.pool for n in frame.nodes if n.name == name), "?")
-                    self.metrics.refusals.labels(pool, reason.split(" ")[0]).inc()
-                    del name
+                if refused:
+                    claimed = {n.name: n.pool for n in frame.nodes}
+                    for name, reason in refused:
+                        pool = claimed.get(name, "")
+                        # Label values come only from the certificate: an agent cannot mint series.
+                        label = pool if pool in agent_session.pools else "other"
+                        self.metrics.refusals.labels(label, reason.split(" ")[0][:20]).inc()
                 log.info(
                     "agent %s session %s registered %d nodes (%d refused)",
                     agent_session.agent, agent_session.session_id[:8], len(accepted), len(refused),

@@ -111,6 +111,11 @@ class GatewayConfig(_Model):
         "new one, so that a restarted replica does not take traffic before its agents are back",
     )
     ready_max_wait: Seconds = Field(30.0, description="after this long since start, ready regardless")
+    node_rebind_after: Seconds = Field(
+        3600.0, description="a node stays bound to its pool this long after its last agent left; until then "
+        "another pool's claim is refused",
+    )
+    max_nodes_per_agent: int = Field(10000, ge=1, description="nodes one agent session may register")
     drain_linger: float = Field(
         3.0, ge=0, le=300,
         description="after SIGTERM, keep serving new requests this long while /readyz says 503 "

@@ -133,7 +133,7 @@ class Scraper:
     async def __aenter__(self) -> Scraper:
         self._tasks = [asyncio.create_task(self._watch())]
         async with asyncio.timeout(15):  # both replicas ready, as a Service would see them
-            while len(self.ready) < len(REPLICAS):
+            while len(self.ready) < len(REPLICAS):  # noqa: ASYNC110 (filled by the watcher task)
                 await asyncio.sleep(0.05)
         self._tasks.append(asyncio.create_task(self._scrape()))
         await asyncio.sleep(0.3)

@@ -82,3 +82,36 @@ def test_select_prefers_usable_and_least_loaded() -> None:
     assert reg.select(entry, exclude=[idle]) is busy
     assert reg.select(entry, exclude=[idle, busy]) is None
     assert reg.lookup("edge-2").entry is None
+
+
+def test_pool_binding_survives_a_blip_and_reserved_names_are_refused() -> None:
+    reg = Registry(rebind_after=3600)
+    b = agent("b1", {"pool-b"})
+    reg.add_session(b)
+    reg.register(b, [node("edge-b-1", "pool-b")])
+    reg.remove_session(b)  # pool-b's agent blips
+    rogue = agent("a1", {"pool-a"})
+    reg.add_session(rogue)
+    accepted, refused = reg.register(rogue, [node("edge-b-1", "pool-a"), node("kubernetes", "pool-a"),
+                                             node("db.default.svc", "pool-a"), node("x.cluster.local", "pool-a")])
+    assert accepted == []
+    reasons = dict(refused)
+    assert "bound to pool 'pool-b'" in reasons["edge-b-1"]
+    assert all("reserved name" in reasons[n] for n in ("kubernetes", "db.default.svc", "x.cluster.local"))
+    # pool-b comes back and gets its node again.
+    b2 = agent("b1", {"pool-b"}, sid="s2")
+    reg.add_session(b2)
+    assert reg.register(b2, [node("edge-b-1", "pool-b")]) == (["edge-b-1"], [])
+    # After the binding expires, another pool may take a node nobody holds.
+    reg.remove_session(b2)
+    reg.rebind_after = 0
+    assert reg.register(rogue, [node("edge-b-1", "pool-a")]) == (["edge-b-1"], [])
+
+
+def test_registration_is_capped() -> None:
+    reg = Registry(max_nodes_per_session=2)
+    a = agent("a1", {"p"})
+    reg.add_session(a)
+    accepted, refused = reg.register(a, [node(f"edge-{i}", "p") for i in range(5)])
+    assert len(accepted) == 2 and len(refused) == 3
+    assert "more than 2 nodes" in refused[0][1]
