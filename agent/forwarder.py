@@ -178,7 +178,7 @@ class Forwarder:
                 except (aiohttp.ClientError, ConnectionError) as exc:
                     code = "connect-failed"
                     stream.reset(wire.ResetCode.CONNECT_FAILED,
-                                 f"request to {frame.node} ({address}:{frame.port}) failed: {exc!r}")
+                                 f"request to {frame.node} ({address}:{frame.port}) failed: {_safe(exc)}")
                     return
                 try:
                     code = str(resp.status)
@@ -190,9 +190,9 @@ class Forwarder:
                             sent += len(chunk)
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
                         code = "broken"
-                        log.warning("response from %s broke after %d bytes: %r", frame.node, sent, exc)
+                        log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))
                         stream.reset(wire.ResetCode.UPSTREAM_BROKEN,
-                                     f"response from {frame.node} broke after {sent} bytes: {exc!r}")
+                                     f"response from {frame.node} broke after {sent} bytes: {_safe(exc)}")
                         return
                     stream.end()
                     self.metrics.bytes.labels("from_node").inc(sent)
@@ -210,7 +210,7 @@ class Forwarder:
         except Exception as exc:
             code = "internal"
             log.exception("forwarding to %s failed", frame.node)
-            stream.reset(wire.ResetCode.INTERNAL, f"agent error: {exc!r}")
+            stream.reset(wire.ResetCode.INTERNAL, f"agent error: {_safe(exc)}")
         finally:
             stream.close()
             self.metrics.requests.labels(frame.node, "http", code).inc()
@@ -228,7 +228,7 @@ class Forwarder:
                     reader, writer = await asyncio.open_connection(address, frame.port)
             except (OSError, TimeoutError) as exc:
                 code = "connect-failed"
-                why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or repr(exc))
+                why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or _safe(exc))
                 stream.reset(wire.ResetCode.CONNECT_FAILED,
                              f"cannot connect to {frame.node} ({address}:{frame.port}): {why}")
                 return
@@ -264,22 +264,39 @@ async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.St
 
     t1 = asyncio.ensure_future(node_to_tunnel())
     t2 = asyncio.ensure_future(tunnel_to_node())
+    # A RESET from the gateway wakes neither pump when the node has stopped reading or
+    # sending: the stream's end is a third thing to wait for.
+    t3 = asyncio.ensure_future(stream.wait_finished())
+    tasks = (t1, t2, t3)
     try:
-        done, _ = await asyncio.wait({t1, t2}, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            exc = task.exception()
-            if exc is not None:
-                if isinstance(exc, ConnectionError | OSError):
-                    stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"connection to node broke: {exc!r}")
-                    return
-                raise exc
+        pending: set[asyncio.Future[None]] = {t1, t2}
+        while pending:
+            done, _ = await asyncio.wait({*pending, t3}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done & {t1, t2}:
+                exc = task.exception()
+                if exc is not None:
+                    if isinstance(exc, ConnectionError | OSError):
+                        stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"connection to node broke: {_safe(exc)}")
+                        return
+                    raise exc
+            pending -= done
+            if t3 in done:
+                return
     finally:
-        for task in (t1, t2):
+        for task in tasks:
             task.cancel()
-        for task in (t1, t2):
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
 
 
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+def _safe(exc: BaseException) -> str:
+    """An error for a log line or a peer: its type and message, never the request (headers hold tokens)."""
+    text = str(exc).split("\n", 1)[0]
+    if isinstance(exc, aiohttp.ClientResponseError):
+        text = f"{exc.status} {exc.message}"
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__

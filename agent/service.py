@@ -120,6 +120,8 @@ class Agent:
             if welcome.version not in wire.SUPPORTED_VERSIONS:
                 speaks = list(wire.SUPPORTED_VERSIONS)
                 raise HandshakeRefused(f"gateway chose protocol version {welcome.version}; this agent speaks {speaks}")
+            if self.draining:
+                raise HandshakeRefused("agent is stopping: not starting a new session")
             if welcome.replica in self.replica_sessions:
                 raise DuplicateReplica(
                     f"connection via {target.key} reached replica {welcome.replica!r}, which this agent already "

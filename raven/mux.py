@@ -62,6 +62,7 @@ class Stream:
         "_credit",
         "_credit_waiter",
         "_data_waiter",
+        "_finished",
         "_head",
         "_recv",
         "_remote_fin",
@@ -84,6 +85,7 @@ class Stream:
         self._data_waiter: asyncio.Future[None] | None = None
         self._credit_waiter: asyncio.Future[None] | None = None
         self._head: asyncio.Future[wire.Head] = session.loop.create_future()
+        self._finished: asyncio.Future[None] = session.loop.create_future()
         self._remote_fin = False
         self.local_fin = False
         self._reset: StreamReset | None = None
@@ -160,6 +162,10 @@ class Stream:
         self._session._release(self)
 
     # ------------------------------------------------------------ public API
+
+    async def wait_finished(self) -> None:
+        """Until the stream has ended both ways or was reset (by either side)."""
+        await asyncio.shield(self._finished)
 
     async def head(self) -> wire.Head:
         """Wait for the response head (opener side). Raises :class:`StreamReset`."""
@@ -444,6 +450,8 @@ class Session:
         return max(0, (wire.MAX_STREAM_ID - self._next_id) // 2 + 1)
 
     def _release(self, stream: Stream) -> None:
+        if not stream._finished.done():
+            stream._finished.set_result(None)
         if self.streams.pop(stream.id, None) is not None and self.on_stream_closed is not None:
             self.on_stream_closed(stream)
 

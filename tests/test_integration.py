@@ -165,6 +165,37 @@ async def test_bad_host_is_400(bed: Bed) -> None:
             assert "not a valid node name" in await resp.text()
 
 
+async def _raw_request(bed: Bed, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.front_port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
+async def test_header_outside_latin1_is_400_and_leaks_no_stream(bed: Bed) -> None:
+    for _ in range(3):
+        head = await _raw_request(
+            bed, f"GET /metrics HTTP/1.1\r\nHost: edge-a-1:{bed.port}\r\nX-Price: 5\u20ac\r\n\r\n".encode()
+        )
+        assert head.startswith(b"HTTP/1.1 400"), head
+        assert b"outside ISO-8859-1" in head
+    status, _, _ = await fetch(bed, "edge-a-1")
+    assert status == 200
+    streams = await metric_values(bed.cluster.gateway_metrics_port, "raven_gateway_streams_in_flight")
+    assert sum(streams.values()) == 0
+
+
+async def test_oversized_header_block_is_431_and_the_tunnel_survives(bed: Bed) -> None:
+    big = "".join(f"X-Big-{i}: {'v' * 15000}\r\n" for i in range(6))  # 90 KB > 64 KiB per OPEN
+    head = await _raw_request(bed, f"GET /metrics HTTP/1.1\r\nHost: edge-b-1:{bed.port}\r\n{big}\r\n".encode())
+    assert head.startswith(b"HTTP/1.1 431"), head
+    status, headers, _ = await fetch(bed, "edge-b-1")
+    assert status == 200 and headers["X-Raven-Agent"] == "agent-pool-b-1"
+
+
 async def test_unreachable_node_is_502(bed: Bed) -> None:
     bed.exporter.set_mode("edge-a-1", "refuse")
     try:
