@@ -20,7 +20,7 @@ from raven.config import AgentConfig
 from raven.metrics import AgentMetrics
 from raven.mux import Session
 from raven.ops import start_ops_server
-from raven.tls import CertReloader, client_context
+from raven.tls import CertReloader
 from raven.transport import WebSocketSink, messages
 
 log = logging.getLogger("raven.agent")
@@ -43,13 +43,12 @@ class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.metrics = AgentMetrics()
-        self.ssl = client_context(cfg.tls)
         ident = pki.load_identity(cfg.tls.cert)
         self.name = cfg.name or ident.agent or ident.common_name
         if cfg.pool not in ident.pools:
             allowed = ", ".join(ident.pools) or "none"
             raise pki.PKIError(f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {allowed})")
-        self.reloader = CertReloader(self.ssl, cfg.tls)
+        self.reloader = CertReloader(cfg.tls, server=False)
         self.session_id = uuid.uuid4().hex
         self.sessions: set[Session] = set()
         self.replica_sessions: dict[str, Session] = {}
@@ -91,7 +90,7 @@ class Agent:
         async with asyncio.timeout(gw.dial_timeout):
             ws = await http.ws_connect(
                 target.url,
-                ssl=self.ssl,
+                ssl=self.reloader.current,
                 server_hostname=target.server_hostname,
                 max_msg_size=lim.max_frame,
                 compress=0,

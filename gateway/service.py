@@ -15,7 +15,7 @@ from gateway.tunnel import TunnelEndpoint
 from raven.config import GatewayConfig, split_host_port
 from raven.metrics import GatewayMetrics
 from raven.ops import start_ops_server
-from raven.tls import CertReloader, server_context
+from raven.tls import CertReloader
 
 log = logging.getLogger("raven.gateway")
 
@@ -25,8 +25,7 @@ class Gateway:
         self.cfg = cfg
         self.metrics = GatewayMetrics()
         self.registry = Registry(rebind_after=cfg.node_rebind_after, max_nodes_per_session=cfg.max_nodes_per_agent)
-        self.ssl = server_context(cfg.tls)
-        self.reloader = CertReloader(self.ssl, cfg.tls)
+        self.reloader = CertReloader(cfg.tls, server=True)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
         self._runners: list[web.BaseRunner] = []
@@ -67,7 +66,7 @@ class Gateway:
         await tunnel_runner.setup()
         self._runners.append(tunnel_runner)
         host, port = split_host_port(self.cfg.tunnel.listen)
-        await web.TCPSite(tunnel_runner, host, port, ssl_context=self.ssl, backlog=1024).start()
+        await web.TCPSite(tunnel_runner, host, port, ssl_context=self.reloader.listener, backlog=1024).start()
 
         front = web.Server(
             self.proxy.handle,

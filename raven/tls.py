@@ -62,27 +62,43 @@ def _stamp(paths: tuple[Path, ...]) -> tuple[float, ...]:
 
 
 class CertReloader:
-    """Poll the certificate files and reload them into ``ctx`` when they change."""
+    """Re-read rotated certificate files into a *fresh* context and use it for new handshakes.
 
-    def __init__(self, ctx: ssl.SSLContext, cfg: TLSConfig) -> None:
-        self.ctx = ctx
+    A fresh context (rather than loading into the old one) matters for the CA bundle: a CA
+    removed from the file stops being trusted. On the server side the listener keeps one
+    context whose SNI hook (called for every ClientHello, with or without SNI) hands the
+    handshake to the current context. Established sessions are not touched.
+    """
+
+    def __init__(self, cfg: TLSConfig, server: bool) -> None:
         self.cfg = cfg
+        self.server = server
+        self._build = server_context if server else client_context
         self.paths = (cfg.cert, cfg.key, cfg.ca)
         self._stamp = _stamp(self.paths)
+        self.current = self._build(cfg)
+        self.listener = self.current
+        if server:
+            self.listener = self._build(cfg)
+            self.listener.sni_callback = self._select
         self._task: asyncio.Task[None] | None = None
+
+    def _select(self, ssl_obj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+        ssl_obj.context = self.current
 
     def check(self) -> bool:
         stamp = _stamp(self.paths)
         if stamp == self._stamp:
             return False
         try:
-            _load(self.ctx, self.cfg)
+            fresh = self._build(self.cfg)
         except TLSError as exc:
             # Half-written files during a rotation: keep the old ones and try again later.
             log.warning("certificate files changed but could not be loaded (keeping the current ones): %s", exc)
             return False
+        self.current = fresh
         self._stamp = stamp
-        log.info("reloaded rotated certificate %s", self.cfg.cert)
+        log.info("reloaded rotated certificate %s and CA bundle %s for new connections", self.cfg.cert, self.cfg.ca)
         return True
 
     async def _run(self) -> None:
