@@ -161,7 +161,8 @@ async def spawn_worker(first: int, count: int, url: str, certs: Path, per_agent:
 async def main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="raven-bench-agents-"))
     n = args.agents
-    cluster = LocalCluster(workdir, [], gateway_settings={
+    env = dict(e.split("=", 1) for e in args.gateway_env)
+    cluster = LocalCluster(workdir, [], env=env, gateway_settings={
         "log_level": "warning", "limits": {"heartbeat_interval": 3, "heartbeat_timeout": 10},
         "ready_max_wait": 1,
     })
@@ -257,6 +258,8 @@ def cli() -> int:
     parser.add_argument("--workers", type=int, default=4, help="processes for the agents (default 4)")
     parser.add_argument("--nodes-per-agent", type=int, default=20, help="nodes each pool registers (default 20)")
     parser.add_argument("--idle", type=float, default=5, help="seconds idle before measuring RSS (default 5)")
+    parser.add_argument("--gateway-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for the gateway process (e.g. RAVEN_NO_UVLOOP=1)")
     return run(main(parser.parse_args()))
 
 

@@ -20,7 +20,7 @@ from raven.mux import Session
 log = logging.getLogger("raven.gateway.registry")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class AgentSession:
     agent: str
     session_id: str
@@ -48,7 +48,7 @@ class AgentSession:
         return f"<agent {self.agent} session {self.session_id[:8]} pools={sorted(self.pools)}>"
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeEntry:
     name: str
     address: str

@@ -302,6 +302,8 @@ class Session:
         self._ping_seq = itertools.count(1)
         self._ping_sent: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.heartbeat_interval = 5.0
+        self.heartbeat_timeout = 15.0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -310,12 +312,10 @@ class Session:
         return self._closed
 
     def start(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
         self._tasks.append(self.loop.create_task(self._writer(), name=f"{self.name}-writer"))
-        self._tasks.append(
-            self.loop.create_task(
-                self._heartbeat(heartbeat_interval, heartbeat_timeout), name=f"{self.name}-heartbeat"
-            )
-        )
+        Heartbeats.of(self.loop).add(self)
 
     async def run(self, messages: AsyncIterator[bytes]) -> None:
         """Feed every received message until the transport ends, then close."""
@@ -554,20 +554,63 @@ class Session:
 
     # ------------------------------------------------------------ heartbeat
 
-    async def _heartbeat(self, interval: float, timeout: float) -> None:
-        try:
-            while not self._closed:
-                await asyncio.sleep(interval)
-                silent = self.loop.time() - self.last_rx
-                if silent > timeout:
-                    log.warning("session %s: no frame for %.1fs (deadline %.1fs): closing", self.name, silent, timeout)
-                    self._close_soon(f"heartbeat timeout: peer silent for {silent:.1f}s")
-                    return
-                seq = next(self._ping_seq)
-                self._ping_sent = {seq: self.loop.time()}
-                self._enqueue(wire.encode(wire.Ping(seq)))
-        except asyncio.CancelledError:
-            raise
+    def _tick(self, now: float) -> None:
+        """Called by :class:`Heartbeats`: close a silent session, or send the next PING."""
+        silent = now - self.last_rx
+        if silent > self.heartbeat_timeout:
+            log.warning("session %s: no frame for %.1fs (deadline %.1fs): closing", self.name, silent,
+                        self.heartbeat_timeout)
+            self._close_soon(f"heartbeat timeout: peer silent for {silent:.1f}s")
+            return
+        seq = next(self._ping_seq)
+        self._ping_sent = {seq: now}
+        self._enqueue(wire.encode(wire.Ping(seq)))
+
+
+class Heartbeats:
+    """One timer per event loop for every session's heartbeat (a task per session costs memory).
+
+    Each session is visited every ``heartbeat_interval`` seconds (checked at a resolution of
+    a tenth of the smallest interval in use), so a silent peer is noticed within
+    ``heartbeat_timeout`` plus one interval.
+    """
+
+    _by_loop: dict[asyncio.AbstractEventLoop, Heartbeats] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.sessions: dict[Session, float] = {}  # session -> when its next tick is due
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event = asyncio.Event()
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Heartbeats:
+        hb = cls._by_loop.get(loop)
+        if hb is None or hb.loop.is_closed():
+            hb = cls._by_loop[loop] = cls(loop)
+        return hb
+
+    def add(self, session: Session) -> None:
+        self.sessions[session] = self.loop.time() + session.heartbeat_interval
+        if self._task is None or self._task.done():
+            self._task = self.loop.create_task(self._run(), name="raven-heartbeats")
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while self.sessions:
+            self._wake.clear()
+            step = min(s.heartbeat_interval for s in self.sessions) / 10
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(step):
+                    await self._wake.wait()
+            now = self.loop.time()
+            for session, due in list(self.sessions.items()):
+                if session.closed:
+                    del self.sessions[session]
+                elif now >= due:
+                    self.sessions[session] = now + session.heartbeat_interval
+                    session._tick(now)
+        self._by_loop.pop(self.loop, None)
 
 
 async def wait_closed(*aws: Awaitable[None]) -> None:
