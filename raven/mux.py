@@ -14,7 +14,7 @@ import collections
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from raven import wire
@@ -291,7 +291,7 @@ class Session:
         self._last_peer_id = 0
         self._out: collections.deque[bytes] = collections.deque()
         self._out_bytes = 0
-        self._out_waiter: asyncio.Future[None] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.close_reason = ""
@@ -314,7 +314,6 @@ class Session:
     def start(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
-        self._tasks.append(self.loop.create_task(self._writer(), name=f"{self.name}-writer"))
         Heartbeats.of(self.loop).add(self)
 
     async def run(self, messages: AsyncIterator[bytes]) -> None:
@@ -340,6 +339,8 @@ class Session:
         for stream in list(self.streams.values()):
             stream._on_reset(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
         current = asyncio.current_task()
+        if self._writer_task is not None and self._writer_task is not current:
+            self._tasks.append(self._writer_task)
         for task in self._tasks:
             if task is not current:
                 task.cancel()
@@ -371,9 +372,9 @@ class Session:
             return
         self._out.append(message)
         self._out_bytes += len(message)
-        waiter = self._out_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._writer_task is None:
+            # The writer runs only while there is something to send: an idle session has no task.
+            self._writer_task = self.loop.create_task(self._writer())
 
     async def _wait_send_room(self) -> None:
         while self._out_bytes > self.HIGH_WATER and not self._closed:
@@ -388,14 +389,7 @@ class Session:
 
     async def _writer(self) -> None:
         try:
-            while not self._closed:
-                if not self._out:
-                    self._out_waiter = self.loop.create_future()
-                    try:
-                        await self._out_waiter
-                    finally:
-                        self._out_waiter = None
-                    continue
+            while self._out and not self._closed:
                 message = self._out.popleft()
                 await self.sink.send(message)
                 self._out_bytes -= len(message)
@@ -408,6 +402,8 @@ class Session:
             raise
         except Exception as exc:
             self._close_soon(f"send failed: {exc!r}")
+        finally:
+            self._writer_task = None
 
     # ------------------------------------------------------------ streams
 
@@ -611,10 +607,3 @@ class Heartbeats:
                     self.sessions[session] = now + session.heartbeat_interval
                     session._tick(now)
         self._by_loop.pop(self.loop, None)
-
-
-async def wait_closed(*aws: Awaitable[None]) -> None:
-    """Await every awaitable, ignoring their errors (used in cleanup paths)."""
-    for aw in aws:
-        with contextlib.suppress(BaseException):
-            await aw
