@@ -292,6 +292,9 @@ class Session:
         self._out: collections.deque[bytes] = collections.deque()
         self._out_bytes = 0
         self._writer_task: asyncio.Task[None] | None = None
+        self._out_waiter: asyncio.Future[None] | None = None
+        self._writer_retire = False
+        self._writer_idle_since = 0.0
         self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.close_reason = ""
@@ -373,8 +376,14 @@ class Session:
         self._out.append(message)
         self._out_bytes += len(message)
         if self._writer_task is None:
-            # The writer runs only while there is something to send: an idle session has no task.
+            # The writer runs while there is traffic; the heartbeat timer retires it after an idle
+            # interval, so an idle session holds no task (memory) and a busy one creates none (speed).
+            self._writer_retire = False
             self._writer_task = self.loop.create_task(self._writer())
+        else:
+            waiter = self._out_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def _wait_send_room(self) -> None:
         while self._out_bytes > self.HIGH_WATER and not self._closed:
@@ -389,7 +398,17 @@ class Session:
 
     async def _writer(self) -> None:
         try:
-            while self._out and not self._closed:
+            while not self._closed:
+                if not self._out:
+                    if self._writer_retire:
+                        return
+                    self._out_waiter = self.loop.create_future()
+                    self._writer_idle_since = self.loop.time()
+                    try:
+                        await self._out_waiter
+                    finally:
+                        self._out_waiter = None
+                    continue
                 message = self._out.popleft()
                 await self.sink.send(message)
                 self._out_bytes -= len(message)
@@ -558,9 +577,24 @@ class Session:
                         self.heartbeat_timeout)
             self._close_soon(f"heartbeat timeout: peer silent for {silent:.1f}s")
             return
+        waiter = self._out_waiter
+        if waiter is not None and not waiter.done() and now - self._writer_idle_since >= self.heartbeat_interval:
+            self._writer_retire = True
+            waiter.set_result(None)
         seq = next(self._ping_seq)
         self._ping_sent = {seq: now}
-        self._enqueue(wire.encode(wire.Ping(seq)))
+        ping = wire.encode(wire.Ping(seq))
+        if self._writer_task is None:
+            # Idle: a short-lived send, so that an idle session keeps no writer task.
+            self.loop.create_task(self._send_direct(ping))
+        else:
+            self._enqueue(ping)
+
+    async def _send_direct(self, message: bytes) -> None:
+        try:
+            await self.sink.send(message)
+        except Exception as exc:
+            self._close_soon(f"send failed: {exc!r}")
 
 
 class Heartbeats:
