@@ -183,11 +183,12 @@ class Forwarder:
                 try:
                     code = str(resp.status)
                     stream.send_head(resp.status, resp.reason or "", _response_headers(resp.raw_headers))
-                    sent = 0
+                    sent = chunks = 0
                     try:
                         async for chunk in resp.content.iter_any():
                             await stream.write(chunk)
                             sent += len(chunk)
+                            chunks += 1
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
                         code = "broken"
                         log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))
@@ -196,6 +197,8 @@ class Forwarder:
                         return
                     stream.end()
                     self.metrics.bytes.labels("from_node").inc(sent)
+                    log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node,
+                              chunks)
                 finally:
                     resp.release()
         except TimeoutError:
