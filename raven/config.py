@@ -8,6 +8,7 @@ with one line per problem naming the field, e.g. ``tunnel.listen: expected HOST:
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -97,6 +98,46 @@ class GatewayFront(_Model):
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
 
 
+def _ip(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 or IPv6 address") from None
+    return value
+
+
+IPAddress = Annotated[str, AfterValidator(_ip)]
+
+
+class KubeSettings(_Model):
+    enabled: bool = Field(False, description="learn edge nodes from the Kubernetes API (watch Nodes)")
+    kubeconfig: Path | None = Field(None, description="kubeconfig file; default: in-cluster service account")
+    pool_label: str = Field("apps.openyurt.io/nodepool", description="Node label naming the node's edge pool")
+    node_selector: str = Field("", description="extra label selector for edge Nodes (e.g. 'node-role/edge=true')")
+
+
+class ConfigMapTarget(_Model):
+    namespace: str = "kube-system"
+    name: str = "edge-tunnel-nodes"
+    key: str = "tunnel-nodes"
+
+
+class LeaseSettings(_Model):
+    namespace: str = "kube-system"
+    name: str = "raven-hosts-publisher"
+    duration: Seconds = 15.0
+
+
+class HostsSettings(_Model):
+    service_addresses: list[IPAddress] = Field(
+        default_factory=list, description="addresses every edge node name resolves to (the Raven front Service)"
+    )
+    file: Path | None = Field(None, description="write the hosts file here (atomically, only on change)")
+    configmap: ConfigMapTarget | None = Field(None, description="publish the hosts file as this ConfigMap key")
+    lease: LeaseSettings = LeaseSettings()
+    debounce: Seconds = Field(1.0, description="wait this long after a change before publishing")
+
+
 class GatewayConfig(_Model):
     replica_id: str = Field(default_factory=socket.gethostname)
     replicas: int = Field(1, ge=1, description="how many gateway replicas serve this Service")
@@ -105,6 +146,8 @@ class GatewayConfig(_Model):
     metrics_listen: HostPort = "0.0.0.0:10265"
     tls: TLSConfig
     limits: TunnelLimits = TunnelLimits()
+    kubernetes: KubeSettings = KubeSettings()
+    hosts: HostsSettings = HostsSettings()
     ready_settle: float = Field(
         2.0, ge=0, le=300,
         description="after start, /readyz waits for agent sessions to arrive and then for this long without a "
@@ -160,6 +203,7 @@ class AgentConfig(_Model):
     metrics_listen: HostPort = "0.0.0.0:10266"
     tls: TLSConfig
     limits: TunnelLimits = TunnelLimits()
+    kubernetes: KubeSettings = KubeSettings()
     drain_grace: Seconds = 20.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
