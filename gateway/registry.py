@@ -82,6 +82,7 @@ class Registry:
     ) -> None:
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self.nodes: dict[str, NodeEntry] = {}
+        self.pool_nodes: dict[str, set[str]] = {}  # pool -> node names, for per-pool work without a scan
         self.on_change = on_change
         self.rebind_after = rebind_after
         self.max_nodes_per_session = max_nodes_per_session
@@ -113,12 +114,26 @@ class Registry:
             self._unclaim(name, s)
         s.nodes = set()
 
-    def _unclaim(self, name: str, s: AgentSession) -> None:
+    def _unclaim(self, name: str, s: AgentSession, withdrawn: bool = False) -> None:
+        """Drop one session's claim. ``withdrawn``: the agent re-registered without the node (it left
+        its pool), as opposed to the session going away (the node is still there, unreachable)."""
         entry = self.nodes.get(name)
         if entry is not None and s in entry.sessions:
             entry.sessions.remove(s)
             if not entry.sessions:
-                entry.released_at = time.monotonic()
+                if withdrawn:
+                    self._forget(entry)
+                else:
+                    entry.released_at = time.monotonic()
+
+    def _forget(self, entry: NodeEntry) -> None:
+        del self.nodes[entry.name]
+        names = self.pool_nodes.get(entry.pool)
+        if names is not None:
+            names.discard(entry.name)
+            if not names:
+                del self.pool_nodes[entry.pool]
+        log.info("node %r left pool %r: no agent registers it any more", entry.name, entry.pool)
 
     # ------------------------------------------------------------ registration
 
@@ -149,7 +164,7 @@ class Registry:
                         s.agent, len(refused) - MAX_LOGGED_REFUSALS)
         for name in list(s.nodes):
             if name not in wanted:
-                self._unclaim(name, s)
+                self._unclaim(name, s, withdrawn=True)
                 s.nodes.discard(name)
         for name, info in wanted.items():
             entry = self.nodes.get(name)
@@ -157,14 +172,24 @@ class Registry:
                 if entry is not None:
                     log.warning("node %r moves from pool %r to pool %r (its binding expired)",
                                 name, entry.pool, info.pool)
+                if entry is not None:
+                    self.pool_nodes.get(entry.pool, set()).discard(name)
                 entry = NodeEntry(name, info.address, info.pool)
                 self.nodes[name] = entry
+                self.pool_nodes.setdefault(info.pool, set()).add(name)
             entry.address = info.address
             entry.released_at = None
             if s not in entry.sessions:
                 entry.sessions.append(s)
             s.nodes.add(name)
             accepted.append(name)
+        # A registration is the pool's complete node list: nodes of this agent's pools that it does
+        # not list and that no live session still claims have left the pool.
+        for pool in s.pools:
+            for name in list(self.pool_nodes.get(pool, ())):
+                entry = self.nodes[name]
+                if name not in wanted and not entry.sessions:
+                    self._forget(entry)
         self._changed()
         return accepted, refused
 
@@ -228,6 +253,10 @@ class Registry:
             if entry.sessions:
                 out.setdefault(entry.pool, []).append(entry.name)
         return {k: sorted(v) for k, v in sorted(out.items())}
+
+    def known_nodes(self) -> list[NodeEntry]:
+        """Every node an agent registered and did not withdraw, reachable now or not."""
+        return sorted(self.nodes.values(), key=lambda e: e.name)
 
     def reachable_nodes(self) -> list[NodeEntry]:
         return sorted((e for e in self.nodes.values() if e.sessions), key=lambda e: e.name)

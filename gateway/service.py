@@ -13,6 +13,7 @@ from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.tunnel import TunnelEndpoint
 from raven.config import GatewayConfig, split_host_port
+from raven.hosts import HostsPublisher, file_sink
 from raven.metrics import GatewayMetrics
 from raven.ops import start_ops_server
 from raven.tls import CertReloader
@@ -25,6 +26,11 @@ class Gateway:
         self.cfg = cfg
         self.metrics = GatewayMetrics()
         self.registry = Registry(rebind_after=cfg.node_rebind_after, max_nodes_per_session=cfg.max_nodes_per_agent)
+        sinks = []
+        if cfg.hosts.file is not None:
+            sinks.append((str(cfg.hosts.file), file_sink(cfg.hosts.file)))
+        self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks)
+        self.registry.on_change = self.hosts.changed
         self.reloader = CertReloader(cfg.tls, server=True)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
@@ -46,6 +52,24 @@ class Gateway:
         if quiet < self.cfg.ready_settle:
             return False, f"agents still connecting ({status}; last {quiet:.1f}s ago)"
         return True, status
+
+    def edge_names(self) -> list[str]:
+        """The one source of truth for DNS: every known edge node."""
+        return [e.name for e in self.registry.known_nodes()]
+
+    async def hosts_file(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.hosts.current(), content_type="text/plain")
+
+    async def nodes(self, _: web.Request) -> web.Response:
+        return web.json_response({
+            "replica": self.cfg.replica_id,
+            "service_addresses": self.cfg.hosts.service_addresses,
+            "nodes": [
+                {"name": e.name, "pool": e.pool, "address": e.address,
+                 "agents": sorted({s.agent for s in e.sessions})}
+                for e in self.registry.known_nodes()
+            ],
+        })
 
     async def http_sd(self, _: web.Request) -> web.Response:
         """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port."""
@@ -83,10 +107,13 @@ class Gateway:
 
         self._runners.append(
             await start_ops_server(
-                self.cfg.metrics_listen, self.metrics.registry, self.ready, [("/sd", self.http_sd)]
+                self.cfg.metrics_listen, self.metrics.registry, self.ready,
+                [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes)],
             )
         )
         self.reloader.start()
+        if self.hosts.sinks:
+            self.hosts.start()
         log.info(
             "gateway %s up: tunnel wss://%s%s, front end %s (ports %s), metrics %s",
             self.cfg.replica_id, self.cfg.tunnel.listen, self.cfg.tunnel.path, self.cfg.front.listen,
@@ -110,6 +137,7 @@ class Gateway:
         sessions = [s.session for s in self.registry.sessions.values()]
         await asyncio.gather(*(s.close("gateway stopping", 9) for s in sessions), return_exceptions=True)
         await self.reloader.stop()
+        await self.hosts.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()

@@ -113,6 +113,77 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_async(main())
 
 
+class UsageError(Exception):
+    pass
+
+
+async def _gateway_nodes(url: str) -> tuple[list[str], list[str]]:
+    """Names and service addresses from a running gateway's ops listener (/nodes)."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url.rstrip("/") + "/nodes") as resp:
+                if resp.status != 200:
+                    raise UsageError(f"{url}/nodes answered HTTP {resp.status}")
+                data = await resp.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"cannot read the node list from {url}/nodes: {exc or type(exc).__name__}") from None
+    return [n["name"] for n in data["nodes"]], list(data.get("service_addresses", []))
+
+
+async def _names_and_addresses(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    names: list[str] = list(args.node)
+    addresses: list[str] = list(args.address)
+    if args.gateway:
+        gw_names, gw_addresses = await _gateway_nodes(args.gateway)
+        names += gw_names
+        addresses = addresses or gw_addresses
+    if not names and not args.gateway:
+        raise UsageError("say which nodes: --gateway http://GATEWAY:10265 or --node NAME (repeatable)")
+    if not addresses:
+        raise UsageError("no service address: pass --address IP (or configure hosts.service_addresses)")
+    return names, addresses
+
+
+def cmd_hosts_render(args: argparse.Namespace) -> int:
+    from raven.hosts import render
+
+    async def main() -> int:
+        names, addresses = await _names_and_addresses(args)
+        try:
+            sys.stdout.write(render(names, addresses, writer="raven hosts render"))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return 0
+
+    return asyncio.run(main())
+
+
+def cmd_dns_check(args: argparse.Namespace) -> int:
+    from raven.dnscheck import check_all
+
+    async def main() -> int:
+        names, addresses = await _names_and_addresses(args)
+        if not names:
+            print("raven dns check: the gateway knows no edge nodes yet; nothing to check", file=sys.stderr)
+            return 1
+        results = await check_all(names, addresses, args.server, timeout=args.timeout)
+        width = max(len(r.name) for r in results)
+        print(f"{'NODE':<{width}}  {'RESULT':<6}  ANSWER (expected {', '.join(addresses)})")
+        for r in results:
+            answer = r.error or (", ".join(r.got) if r.got else "no address")
+            print(f"{r.name:<{width}}  {'ok' if r.ok else 'WRONG':<6}  {answer}")
+        bad = [r for r in results if not r.ok]
+        print(f"{len(results) - len(bad)} of {len(results)} names resolve to the Raven service via {args.server}")
+        if bad:
+            print("Fix: check that CoreDNS's hosts plugin reads the file Raven publishes "
+                  "(deploy/coredns/README.md) and that the names above are in it: raven hosts render.")
+        return 1 if bad else 0
+
+    return asyncio.run(main())
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from raven import demo
 
@@ -154,6 +225,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_certs.add_parser(sub)
 
+    def names_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--gateway", metavar="URL", help="a gateway's ops listener (e.g. http://raven-gateway:10265): "
+                       "take the edge node names and the service addresses from it")
+        p.add_argument("--node", action="append", default=[], metavar="NAME", help="an edge node name (repeatable)")
+        p.add_argument("--address", action="append", default=[], metavar="IP",
+                       help="the Raven service address names must resolve to (repeatable; IPv4 and/or IPv6)")
+
+    hosts = sub.add_parser("hosts", help="the hosts file for CoreDNS's hosts plugin",
+                           description="Work with the hosts file that maps edge node names to the Raven service.")
+    hosts_sub = hosts.add_subparsers(dest="hosts_command", metavar="SUBCOMMAND", required=True)
+    render = hosts_sub.add_parser(
+        "render", help="print the hosts file once",
+        description="Print the whole hosts file (sorted, exact names, one line per node and address) for the "
+        "nodes a gateway knows or the nodes given, pointing at the service address(es).",
+    )
+    names_args(render)
+    render.set_defaults(func=cmd_hosts_render)
+
+    dns_parser = sub.add_parser("dns", help="check name resolution of edge nodes",
+                                description="Check that edge node names resolve to the Raven service.")
+    dns_sub = dns_parser.add_subparsers(dest="dns_command", metavar="SUBCOMMAND", required=True)
+    check = dns_sub.add_parser(
+        "check", help="ask a DNS server for every edge node name",
+        description="Ask a DNS server (e.g. the cluster's CoreDNS) for every edge node name and report, per node, "
+        "whether it resolves to the Raven service address. Exits 1 when any does not: the first thing to run "
+        "when a scrape says 'no such host'.",
+    )
+    check.add_argument("--server", required=True, metavar="ADDR[:PORT]", help="DNS server to ask (port 53 default)")
+    check.add_argument("--timeout", type=float, default=3.0, help="seconds per query (default 3)")
+    names_args(check)
+    check.set_defaults(func=cmd_dns_check)
+
     demo = sub.add_parser(
         "demo", help="run a complete gateway + agents + simulated GPU nodes on this machine",
         description="Start, on loopback, an ephemeral PKI, a gateway, two edge pools with two agents each and "
@@ -175,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"raven {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"raven {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

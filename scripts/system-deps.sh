@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Install the Debian packages the tests start for real: dnsmasq (DNS from a hosts file).
+# Install the Debian packages the tests start for real: dnsmasq (DNS from a hosts file, as
+# CoreDNS's hosts plugin) and Prometheus (scrapes edge nodes through the gateway).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 need=()
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

@@ -12,8 +12,11 @@ from raven.launch import free_port
 
 
 class Dnsmasq:
-    def __init__(self, hosts_file: Path, address: str = "127.0.0.1") -> None:
+    def __init__(self, hosts_file: Path, address: str = "127.0.0.1", watch_dir: bool = False) -> None:
+        """``watch_dir``: ``hosts_file`` is a folder that dnsmasq watches (--hostsdir, inotify), re-reading
+        changed files by itself as CoreDNS's hosts plugin does with ``reload``."""
         self.hosts_file = hosts_file
+        self.watch_dir = watch_dir
         self.address = address
         self.port = 0
         self.process: asyncio.subprocess.Process | None = None
@@ -29,7 +32,8 @@ class Dnsmasq:
         self.port = free_port(self.address)
         self.process = await asyncio.create_subprocess_exec(
             exe, "--keep-in-foreground", f"--port={self.port}", f"--listen-address={self.address}",
-            "--bind-interfaces", "--no-resolv", "--no-hosts", f"--addn-hosts={self.hosts_file}",
+            "--bind-interfaces", "--no-resolv", "--no-hosts",
+            f"--hostsdir={self.hosts_file}" if self.watch_dir else f"--addn-hosts={self.hosts_file}",
             "--user=root", "--group=root", "--pid-file=", "--log-facility=/dev/null", "--cache-size=0",
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )

@@ -65,6 +65,11 @@ def test_reregistration_replaces_the_node_set() -> None:
     reg.register(a, [node("edge-1", "pool-a"), node("edge-2", "pool-a")])
     reg.register(a, [node("edge-2", "pool-a")])
     assert [e.name for e in reg.reachable_nodes()] == ["edge-2"]
+    # A withdrawn node is forgotten; a node whose agent merely disconnected is still known.
+    assert [e.name for e in reg.known_nodes()] == ["edge-2"]
+    reg.remove_session(a)
+    assert [e.name for e in reg.known_nodes()] == ["edge-2"]
+    assert reg.reachable_nodes() == []
 
 
 def test_select_prefers_usable_and_least_loaded() -> None:
@@ -115,3 +120,21 @@ def test_registration_is_capped() -> None:
     accepted, refused = reg.register(a, [node(f"edge-{i}", "p") for i in range(5)])
     assert len(accepted) == 2 and len(refused) == 3
     assert "more than 2 nodes" in refused[0][1]
+
+
+def test_a_fresh_registration_forgets_nodes_that_left_the_pool() -> None:
+    reg = Registry()
+    a = agent("a1", {"p"})
+    reg.add_session(a)
+    reg.register(a, [node("edge-1", "p"), node("edge-2", "p")])
+    reg.remove_session(a)  # the agent restarts ...
+    a2 = agent("a1", {"p"}, sid="s2")
+    reg.add_session(a2)
+    reg.register(a2, [node("edge-1", "p")])  # ... and edge-2 is no longer in its pool
+    assert [e.name for e in reg.known_nodes()] == ["edge-1"]
+    # A node still claimed by another live agent of the pool is kept.
+    b = agent("b1", {"p"}, sid="s3")
+    reg.add_session(b)
+    reg.register(b, [node("edge-1", "p"), node("edge-3", "p")])
+    reg.register(a2, [node("edge-1", "p")])
+    assert [e.name for e in reg.known_nodes()] == ["edge-1", "edge-3"]

@@ -1,0 +1,142 @@
+"""The hosts file that CoreDNS's hosts plugin (or dnsmasq's --addn-hosts) serves.
+
+One source of truth renders the whole file: every edge node name, exactly (no suffix
+matching: ``edge-1`` and ``myedge-1`` are different names), sorted, one line per node and
+service address (IPv4 and IPv6), pointing at the Raven front Service. The content holds
+no timestamp, so it changes only when the set of nodes or addresses changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+
+from raven import wire
+
+log = logging.getLogger("raven.hosts")
+
+
+def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven gateway") -> str:
+    """The whole hosts file. Raises ValueError for an invalid name or address."""
+    addrs = []
+    for a in addresses:
+        try:
+            addrs.append(ipaddress.ip_address(a))
+        except ValueError:
+            raise ValueError(f"{a!r} is not an IPv4 or IPv6 address") from None
+    ordered = sorted(addrs, key=lambda ip: (ip.version, ip))
+    unique = sorted(set(names))
+    for name in unique:
+        if not wire.valid_node_name(name):
+            raise ValueError(f"{name!r} is not a valid RFC 1123 node name")
+    lines = [
+        f"# Edge node names served through the Raven tunnel. Written by {writer}; do not edit:",
+        "# every write replaces the whole file.",
+        f"# {len(unique)} node(s) -> {', '.join(str(a) for a in ordered) or 'no service address configured'}",
+    ]
+    for name in unique:
+        for ip in ordered:
+            lines.append(f"{ip}\t{name}")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, content: str) -> bool:
+    """Write ``content`` to ``path`` through a temporary file and a rename; only if it changed.
+
+    A crash at any point leaves either the old file or the new one, never a partial one.
+    Returns True when the file was written.
+    """
+    try:
+        if path.read_text() == content:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return True
+
+
+Sink = Callable[[str], Awaitable[bool]]
+
+
+class HostsPublisher:
+    """Re-render and publish after changes, debounced: a burst of registrations is one write."""
+
+    def __init__(self, names: Callable[[], Iterable[str]], addresses: Sequence[str], debounce: float,
+                 sinks: Sequence[tuple[str, Sink]]) -> None:
+        self.names = names
+        self.addresses = list(addresses)
+        self.debounce = debounce
+        self.sinks = list(sinks)
+        self.content = ""
+        self.writes = 0
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def changed(self) -> None:
+        self._dirty.set()
+
+    def current(self) -> str:
+        return render(self.names(), self.addresses)
+
+    async def publish_once(self) -> None:
+        content = self.current()
+        self.content = content
+        for label, sink in self.sinks:
+            try:
+                if await sink(content):
+                    self.writes += 1
+                    log.info("published hosts file (%d line(s)) to %s", content.count("\n") - 3, label)
+            except Exception as exc:  # a failed publish is retried on the next change or tick
+                log.warning("could not publish the hosts file to %s: %s", label, exc)
+                self._dirty.set()
+
+    async def run(self, resync: float = 60.0) -> None:
+        """Publish now, then after every change (debounced), and every ``resync`` seconds anyway."""
+        while True:
+            self._dirty.clear()
+            await self.publish_once()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(resync):
+                    await self._dirty.wait()
+            await asyncio.sleep(self.debounce)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="hosts-publisher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def file_sink(path: Path) -> Sink:
+    async def write(content: str) -> bool:
+        return await asyncio.to_thread(write_atomic, path, content)
+
+    return write
