@@ -102,8 +102,9 @@ class Gateway:
         front_runner = web.ServerRunner(front, access_log=None, shutdown_timeout=2.0)
         await front_runner.setup()
         self._runners.append(front_runner)
-        host, port = split_host_port(self.cfg.front.listen)
-        await web.TCPSite(front_runner, host, port, backlog=1024).start()
+        for listen in (self.cfg.front.listen, *self.cfg.front.also_listen):
+            host, port = split_host_port(listen)
+            await web.TCPSite(front_runner, host, port, backlog=1024).start()
 
         self._runners.append(
             await start_ops_server(

@@ -91,6 +91,11 @@ class GatewayTunnel(_Model):
 
 class GatewayFront(_Model):
     listen: HostPort = Field("0.0.0.0:10263", description="where Prometheus's requests arrive (all ports)")
+    also_listen: list[HostPort] = Field(
+        default_factory=list,
+        description="more listeners for the same front end, where no Service maps the target ports to one "
+        "(e.g. [10.0.0.5:9400, 10.0.0.5:9100] on a host without kube-proxy)",
+    )
     allowed_ports: list[Port] = Field(default_factory=lambda: [9100, 9400])
     request_timeout: Seconds = Field(30.0, description="deadline for a whole request unless Prometheus asks less")
     connect_idle_timeout: Seconds = Field(300.0, description="CONNECT tunnels idle longer than this are closed")
