@@ -71,11 +71,20 @@ class Gateway:
             ],
         })
 
-    async def http_sd(self, _: web.Request) -> web.Response:
-        """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port."""
+    async def http_sd(self, request: web.Request) -> web.Response:
+        """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port.
+
+        ``?port=9400`` limits the list to one port, so that each exporter gets its own scrape job.
+        """
+        ports = list(self.cfg.front.allowed_ports)
+        wanted = request.query.get("port")
+        if wanted is not None:
+            if not wanted.isdigit() or int(wanted) not in ports:
+                return web.Response(status=400, text=f"port must be one of {ports}, got {wanted!r}\n")
+            ports = [int(wanted)]
         groups = []
         for entry in self.registry.reachable_nodes():
-            for port in self.cfg.front.allowed_ports:
+            for port in ports:
                 groups.append({
                     "targets": [f"{entry.name}:{port}"],
                     "labels": {"node": entry.name, "pool": entry.pool, "port": str(port),

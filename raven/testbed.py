@@ -1,0 +1,336 @@
+"""A real topology on one machine: Prometheus in a cloud network namespace scrapes GPU nodes of two
+edge sites by name; the Raven tunnel is the only way in.
+
+    sudo .venv/bin/python -m raven.testbed run      # build it, start everything, wait for Ctrl-C, tear down
+
+Namespaces and addresses come from ``deploy/testbed/topology.sh``. In the cloud namespace: the
+gateway (front end on 10.200.0.1:9400 and :9100, the address every edge name resolves to),
+dnsmasq serving the gateway's hosts file (as CoreDNS's hosts plugin would) and Debian's
+Prometheus, which finds the targets through the gateway's HTTP service discovery and resolves
+their names through dnsmasq. In each edge site's gateway namespace: two agents. On every GPU
+node: the simulated dcgm-exporter on :9400 and Debian's prometheus-node-exporter on :9100.
+Prometheus is reachable from this host at http://10.199.0.2:9090.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from raven import pki
+
+TOPOLOGY = Path(__file__).resolve().parent.parent / "deploy" / "testbed" / "topology.sh"
+CLOUD_IP = "10.200.0.1"
+OBSERVER_IP = "10.199.0.2"
+PROMETHEUS = f"http://{OBSERVER_IP}:9090"
+GATEWAY_OPS = f"http://{OBSERVER_IP}:10265"
+SCRAPE_INTERVAL = 2.0
+HEARTBEAT_TIMEOUT = 3.0
+
+
+@dataclass
+class Site:
+    name: str  # a, b
+    index: int  # 1, 2: LAN 10.201.<index>.0/24, WAN address 10.200.0.<index + 1>
+    nodes: dict[str, str] = field(default_factory=dict)  # node name -> LAN address
+
+    @property
+    def pool(self) -> str:
+        return f"site-{self.name}"
+
+    @property
+    def namespace(self) -> str:
+        return f"rv-{self.name}-gw"
+
+    @property
+    def agents(self) -> list[str]:
+        return [f"agent-{self.name}-{i}" for i in (1, 2)]
+
+
+SITES = [
+    Site("a", 1, {"gpu-a-1": "10.201.1.11", "gpu-a-2": "10.201.1.12"}),
+    Site("b", 2, {"gpu-b-1": "10.201.2.11", "gpu-b-2": "10.201.2.12"}),
+]
+NODE_EXPORTER_ON_EVERY_NODE = True  # as a DaemonSet would run it
+
+
+class TestbedError(Exception):
+    pass
+
+
+@dataclass
+class Process:
+    name: str
+    namespace: str
+    argv: list[str]
+    log: Path
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+class Testbed:
+    def __init__(self, workdir: Path | None = None) -> None:
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="raven-testbed-"))
+        self.certs = self.workdir / "pki"
+        self.hosts_dir = self.workdir / "hosts"
+        self.processes: dict[str, Process] = {}
+        self.sites = [Site(s.name, s.index, dict(s.nodes)) for s in SITES]
+
+    # ------------------------------------------------------------ topology
+
+    @staticmethod
+    async def topology(*args: str) -> None:
+        if os.geteuid() != 0:
+            raise TestbedError("the testbed needs root (network namespaces): run it as root or with sudo")
+        proc = await asyncio.create_subprocess_exec(
+            "bash", str(TOPOLOGY), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise TestbedError(f"topology.sh {' '.join(args)} failed: {out.decode(errors='replace').strip()}")
+
+    # ------------------------------------------------------------ files
+
+    def _write(self, name: str, tree: dict[str, Any]) -> Path:
+        path = self.workdir / name
+        path.write_text(yaml.safe_dump(tree, sort_keys=False))
+        return path
+
+    def make_files(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.hosts_dir.mkdir(exist_ok=True)
+        pki.create_ca(self.certs, common_name="Raven testbed CA")
+        pki.issue(self.certs, self.certs, "gateway", "raven-gateway", dns_names=["raven-gateway"],
+                  ip_addresses=[CLOUD_IP], days=2)
+        for site in self.sites:
+            for agent in site.agents:
+                pki.issue(self.certs, self.certs, "agent", agent, pools=[site.pool], days=2)
+        self.write_gateway_config()
+        for site in self.sites:
+            for i, agent in enumerate(site.agents):
+                self.write_agent_config(site, agent, 10266 + i)
+        self._write("prometheus.yml", {
+            "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "scrape_timeout": "1500ms",
+                       "evaluation_interval": f"{SCRAPE_INTERVAL:g}s"},
+            "scrape_configs": [
+                {"job_name": "edge-dcgm", "http_sd_configs": [{"url": "http://127.0.0.1:10265/sd?port=9400",
+                                                               "refresh_interval": "1s"}]},
+                {"job_name": "edge-node", "http_sd_configs": [{"url": "http://127.0.0.1:10265/sd?port=9100",
+                                                               "refresh_interval": "1s"}]},
+                {"job_name": "raven-gateway", "static_configs": [{"targets": ["127.0.0.1:10265"]}]},
+            ],
+        })
+
+    def tls(self, name: str) -> dict[str, str]:
+        return {"cert": str(self.certs / f"{name}.pem"), "key": str(self.certs / f"{name}-key.pem"),
+                "ca": str(self.certs / "ca.pem")}
+
+    def write_gateway_config(self) -> Path:
+        return self._write("gateway.yaml", {
+            "replica_id": "cloud-1",
+            "tunnel": {"listen": f"{CLOUD_IP}:10262"},
+            "front": {"listen": f"{CLOUD_IP}:9400", "also_listen": [f"{CLOUD_IP}:9100"],
+                      "allowed_ports": [9400, 9100], "request_timeout": 10},
+            "metrics_listen": "0.0.0.0:10265",
+            "tls": self.tls("raven-gateway"),
+            "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
+            "hosts": {"file": str(self.hosts_dir / "tunnel-nodes"), "service_addresses": [CLOUD_IP],
+                      "debounce": 0.2},
+            "ready_settle": 0.5,
+            "drain_linger": 0.5,
+            "drain_grace": 5,
+        })
+
+    def write_agent_config(self, site: Site, agent: str, metrics_port: int) -> Path:
+        return self._write(f"{agent}.yaml", {
+            "pool": site.pool,
+            "gateway": {"url": f"wss://{CLOUD_IP}:10262/tunnel", "server_name": "raven-gateway",
+                        "backoff_initial": 0.2, "backoff_max": 1.0},
+            "nodes": [{"name": n, "address": a} for n, a in sorted(site.nodes.items())],
+            "allowed_ports": [9400, 9100],
+            "metrics_listen": f"127.0.0.1:{metrics_port}",
+            "tls": self.tls(agent),
+            "drain_grace": 5,
+        })
+
+    # ------------------------------------------------------------ processes
+
+    async def spawn(self, name: str, namespace: str, argv: list[str]) -> Process:
+        log = self.workdir / f"{name}.log"
+        p = Process(name, namespace, argv, log)
+        with log.open("ab") as out:
+            p.proc = await asyncio.create_subprocess_exec(
+                "ip", "netns", "exec", namespace, *argv,
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+            )
+        self.processes[name] = p
+        return p
+
+    async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 10.0) -> int | None:
+        p = self.processes.get(name)
+        if p is None or p.proc is None:
+            return None
+        if p.running:
+            with contextlib.suppress(ProcessLookupError):
+                p.proc.send_signal(sig)
+            try:
+                async with asyncio.timeout(grace):
+                    await p.proc.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.kill()
+                await p.proc.wait()
+        return p.proc.returncode
+
+    def signal(self, name: str, sig: int) -> None:
+        p = self.processes[name]
+        if p.proc is not None and p.running:
+            p.proc.send_signal(sig)
+
+    def raven(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "raven.cli", *args]
+
+    async def start_gateway(self) -> None:
+        await self.spawn("gateway", "rv-cloud", self.raven("gateway", "--config", str(self.workdir / "gateway.yaml")))
+
+    async def start_agent(self, site: Site, agent: str) -> None:
+        await self.spawn(agent, site.namespace, self.raven("agent", "--config", str(self.workdir / f"{agent}.yaml")))
+
+    async def start(self) -> None:
+        await self.topology("up")
+        self.make_files()
+        for site in self.sites:
+            for node, address in site.nodes.items():
+                ns = f"rv-{site.name}-n{node[-1]}"
+                await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.simexporter", "--node",
+                                                      f"{node}={address}:9400"])
+                if NODE_EXPORTER_ON_EVERY_NODE:
+                    exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+                    if exe is None:
+                        raise TestbedError("prometheus-node-exporter is not installed (Debian package)")
+                    await self.spawn(f"node-exporter-{node}", ns, [exe, f"--web.listen-address={address}:9100"])
+        dnsmasq = shutil.which("dnsmasq", path="/usr/sbin:/usr/bin:/sbin:/bin")
+        prometheus = shutil.which("prometheus")
+        if dnsmasq is None or prometheus is None:
+            raise TestbedError("dnsmasq (dnsmasq-base) and prometheus (Debian packages) are required")
+        await self.spawn("dnsmasq", "rv-cloud", [
+            dnsmasq, "--keep-in-foreground", "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv",
+            "--no-hosts", f"--hostsdir={self.hosts_dir}", "--user=root", "--group=root", "--pid-file=",
+            "--cache-size=0", "--log-facility=-",
+        ])
+        await self.start_gateway()
+        for site in self.sites:
+            for agent in site.agents:
+                await self.start_agent(site, agent)
+        await self.spawn("prometheus", "rv-cloud", [
+            prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.workdir / 'prometheus-data'}", "--web.listen-address=0.0.0.0:9090",
+            "--log.level=warn",
+        ])
+
+    async def close(self) -> None:
+        names = list(self.processes)
+        await asyncio.gather(*(self.stop(n, grace=5) for n in names), return_exceptions=True)
+        with contextlib.suppress(TestbedError):
+            await self.topology("down")
+
+    # ------------------------------------------------------------ observing (through Prometheus)
+
+    async def get_json(self, url: str, params: dict[str, str] | None = None) -> Any:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            async with http.get(url, params=params) as resp:
+                return json.loads(await resp.text())
+
+    async def query(self, promql: str) -> dict[str, float]:
+        """Instant query; result keyed by the node label (or instance)."""
+        data = await self.get_json(PROMETHEUS + "/api/v1/query", {"query": promql})
+        out = {}
+        for r in data["data"]["result"]:
+            key = r["metric"].get("node") or r["metric"].get("instance", "")
+            if r["metric"].get("port"):
+                key = f"{key}:{r['metric']['port']}"
+            out[key] = float(r["value"][1])
+        return out
+
+    def edge_targets(self) -> list[str]:
+        return sorted(f"{n}:{port}" for s in self.sites for n in s.nodes for port in (9400, 9100))
+
+    async def wait_all_up(self, timeout: float = 60.0) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            try:
+                up = await self.query('up{job=~"edge-.*"}')
+                if sorted(up) == self.edge_targets() and all(v == 1 for v in up.values()):
+                    return loop.time() - start
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                pass
+            if loop.time() - start > timeout:
+                raise TestbedError(f"not every edge target up within {timeout:.0f}s: {await self._safe_up()}")
+            await asyncio.sleep(0.5)
+
+    async def _safe_up(self) -> object:
+        try:
+            return await self.query('up{job=~"edge-.*"}')
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            return repr(exc)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    bed = Testbed(Path(args.workdir) if args.workdir else None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        print(f"testbed: building namespaces and starting processes (logs in {bed.workdir})", flush=True)
+        await bed.start()
+        took = await bed.wait_all_up()
+        print(f"testbed: every edge target is up in Prometheus after {took:.1f}s")
+        print(f"  Prometheus targets page:  {PROMETHEUS}/targets")
+        print(f"  a query:                   {PROMETHEUS}/graph?g0.expr=DCGM_FI_DEV_GPU_UTIL")
+        print(f"  the gateway's discovery:   curl {GATEWAY_OPS}/sd ;  hosts file: {bed.hosts_dir / 'tunnel-nodes'}")
+        print("  try: sudo deploy/testbed/topology.sh uplink b down   (site b's targets go down, then 'up')")
+        if args.command == "run":
+            print("Press Ctrl-C to tear everything down.")
+            await stop.wait()
+        return 0
+    except TestbedError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await bed.close()
+        print("testbed: torn down")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m raven.testbed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "check"],
+                        help="run: stay up until Ctrl-C; check: come up, wait for every target, tear down")
+    parser.add_argument("--workdir", help="folder for certificates, configs and logs (default: a new temp folder)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("testbed: the testbed needs root (network namespaces): run it as root or with sudo", file=sys.stderr)
+        return 1
+    return asyncio.run(_run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
