@@ -85,6 +85,8 @@ class Process:
 
 
 class Testbed:
+    __test__ = False  # not a pytest test class
+
     def __init__(self, workdir: Path | None = None) -> None:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="raven-testbed-"))
         self.certs = self.workdir / "pki"

@@ -1,0 +1,162 @@
+"""End to end across network namespaces: Debian's Prometheus in the cloud namespace scrapes edge GPU
+nodes by name through the tunnel. Every assertion is on what Prometheus itself recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from raven.testbed import GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bed() -> AsyncIterator[Testbed]:
+    tb = Testbed()
+    try:
+        await tb.start()
+        await tb.wait_all_up(90)
+        yield tb
+    finally:
+        await tb.close()
+
+
+async def until(check: object, timeout: float, what: str) -> float:
+    """Poll ``check`` until true; return how long it took."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        try:
+            if await check():  # type: ignore[operator]
+                return loop.time() - start
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError):
+            pass
+        if loop.time() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s")
+        await asyncio.sleep(0.25)
+
+
+def window(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+async def test_every_edge_target_is_up_with_the_right_labels(bed: Testbed) -> None:
+    up = await bed.query('up{job=~"edge-.*"}')
+    assert sorted(up) == bed.edge_targets()
+    assert set(up.values()) == {1.0}
+    series = await bed.get_json("http://10.199.0.2:9090/api/v1/query",
+                                {"query": 'DCGM_FI_DEV_GPU_UTIL{job="edge-dcgm", gpu="0"}'})
+    metrics = [r["metric"] for r in series["data"]["result"]]
+    assert sorted(m["node"] for m in metrics) == ["gpu-a-1", "gpu-a-2", "gpu-b-1", "gpu-b-2"]
+    for m in metrics:
+        assert m["Hostname"] == m["node"], m  # the node's own exporter answered, through its own site
+        assert m["pool"] == f"site-{m['node'][4]}"
+        assert m["instance"] == f"{m['node']}:9400"
+    node_exporter = await bed.query('node_exporter_build_info{job="edge-node"}')
+    assert len(node_exporter) == 4
+
+
+async def test_a_stalled_exporter_fails_alone_within_its_timeout(bed: Testbed) -> None:
+    bed.signal("dcgm-gpu-b-1", signal.SIGSTOP)  # accepts connections (kernel backlog), never answers
+    try:
+        async def down() -> bool:
+            return (await bed.query('up{job="edge-dcgm", node="gpu-b-1"}'))["gpu-b-1:9400"] == 0
+
+        await until(down, 4 * SCRAPE_INTERVAL + 5, "stalled target down")
+        await asyncio.sleep(2 * SCRAPE_INTERVAL)
+        # The failed scrapes ended at the scrape timeout (1.5 s), not later.
+        durations = await bed.query(
+            f'max_over_time(scrape_duration_seconds{{job="edge-dcgm", node="gpu-b-1"}}[{window(2 * SCRAPE_INTERVAL)}])'
+        )
+        assert durations["gpu-b-1:9400"] <= 2.0
+        others = await bed.query(f'min_over_time(up{{job=~"edge-.*"}}[{window(3 * SCRAPE_INTERVAL)}])')
+        assert {k: v for k, v in others.items() if k != "gpu-b-1:9400"} == {
+            t: 1.0 for t in bed.edge_targets() if t != "gpu-b-1:9400"
+        }
+    finally:
+        bed.signal("dcgm-gpu-b-1", signal.SIGCONT)
+    await bed.wait_all_up(30)
+
+
+async def test_losing_one_agent_of_a_site_misses_no_scrape(bed: Testbed) -> None:
+    site = bed.sites[0]
+    await bed.stop(site.agents[0], signal.SIGKILL)
+    start = time.monotonic()
+    await asyncio.sleep(5 * SCRAPE_INTERVAL)
+    span = window(time.monotonic() - start)
+    worst = await bed.query(f'min_over_time(up{{pool="{site.pool}"}}[{span}])')
+    scrapes = await bed.query(f'count_over_time(up{{pool="{site.pool}"}}[{span}])')
+    assert worst and set(worst.values()) == {1.0}, worst
+    assert all(n >= 4 for n in scrapes.values()), scrapes
+    await bed.start_agent(site, site.agents[0])
+
+
+async def test_an_uplink_outage_takes_its_site_down_and_back(bed: Testbed) -> None:
+    site = bed.sites[1]
+    await bed.topology("uplink", site.name, "down")
+    try:
+        async def site_down() -> bool:
+            up = await bed.query(f'up{{pool="{site.pool}"}}')
+            return bool(up) and set(up.values()) == {0.0}
+
+        took = await until(site_down, HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10, "site down")
+        assert took <= HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10
+        other = await bed.query(f'up{{pool="{bed.sites[0].pool}"}}')
+        assert set(other.values()) == {1.0}
+    finally:
+        await bed.topology("uplink", site.name, "up")
+
+    async def site_up() -> bool:
+        up = await bed.query(f'up{{pool="{site.pool}"}}')
+        return bool(up) and set(up.values()) == {1.0}
+
+    await until(site_up, 30, "site back up")
+
+
+async def test_a_gateway_restart_recovers_within_two_scrape_intervals(bed: Testbed) -> None:
+    assert await bed.stop("gateway", signal.SIGTERM) == 0
+    stopped = time.monotonic()
+    await bed.start_gateway()
+
+    async def ready() -> bool:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            async with http.get(GATEWAY_OPS + "/readyz") as resp:
+                return resp.status == 200
+
+    await until(ready, 30, "gateway ready")
+    await asyncio.sleep(3 * SCRAPE_INTERVAL)
+    span = window(time.monotonic() - stopped + SCRAPE_INTERVAL)
+    # Failed scrapes per target since the stop: recovering within two intervals means at most two.
+    misses = await bed.query(f'count_over_time((up{{job=~"edge-.*"}} == 0)[{span}:])')
+    assert all(v <= 2 for v in misses.values()), misses
+    await bed.wait_all_up(10)
+
+
+async def test_a_node_that_leaves_leaves_dns_and_discovery(bed: Testbed) -> None:
+    site = bed.sites[0]
+    del site.nodes["gpu-a-2"]
+    for i, agent in enumerate(site.agents):
+        bed.write_agent_config(site, agent, 10266 + i)
+        await bed.stop(agent)
+        await bed.start_agent(site, agent)
+    hosts = bed.hosts_dir / "tunnel-nodes"
+
+    async def gone_from_dns_and_sd() -> bool:
+        sd = await bed.get_json(GATEWAY_OPS + "/sd")
+        return "gpu-a-2" not in hosts.read_text() and all(g["labels"]["node"] != "gpu-a-2" for g in sd)
+
+    await until(gone_from_dns_and_sd, 30, "gpu-a-2 removed from the hosts file and discovery")
+
+    async def gone_from_prometheus() -> bool:
+        targets = (await bed.get_json("http://10.199.0.2:9090/api/v1/targets"))["data"]["activeTargets"]
+        nodes = {t["labels"].get("node") for t in targets if t["labels"]["job"].startswith("edge-")}
+        return nodes == {"gpu-a-1", "gpu-b-1", "gpu-b-2"}
+
+    await until(gone_from_prometheus, 30, "Prometheus dropped gpu-a-2")
