@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests start for real: dnsmasq (DNS from a hosts file, as
-# CoreDNS's hosts plugin) and Prometheus (scrapes edge nodes through the gateway).
+# CoreDNS's hosts plugin), Prometheus (scrapes edge nodes through the gateway), Debian's
+# node-exporter (a real exporter behind the edge) and iproute2 (network namespaces).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 need=()
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-node-exporter >/dev/null 2>&1 || need+=(prometheus-node-exporter)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi
