@@ -9,6 +9,7 @@ import random
 import signal
 import ssl
 import uuid
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -22,6 +23,9 @@ from raven.mux import Session
 from raven.ops import start_ops_server
 from raven.tls import CertReloader
 from raven.transport import WebSocketSink, messages
+
+if TYPE_CHECKING:
+    from raven.kube import KubeNode
 
 log = logging.getLogger("raven.agent")
 
@@ -57,7 +61,8 @@ class Agent:
         self._links_changed = asyncio.Event()
         self.draining = False
         self._stop = asyncio.Event()
-        self._nodes = {n.name: n.address for n in cfg.nodes}
+        self._static_nodes = {n.name: n.address for n in cfg.nodes}
+        self._nodes = dict(self._static_nodes)
         self.forwarder = Forwarder(
             nodes=lambda: self._nodes,
             allowed_ports=frozenset(cfg.allowed_ports),
@@ -77,6 +82,34 @@ class Agent:
         if self.sessions:
             return True, f"{len(self.sessions)} session(s) up"
         return False, "no session to any gateway"
+
+    def set_kube_nodes(self, nodes: dict[str, KubeNode]) -> None:
+        """The pool's Node objects changed: serve them (plus the static list) and re-register everywhere."""
+        found = {n.name: n.addresses[0] for n in nodes.values() if n.pool == self.cfg.pool and n.addresses}
+        merged = {**found, **self._static_nodes}
+        if merged == self._nodes:
+            return
+        log.info("pool %s now has %d node(s) (%d from Node objects)", self.cfg.pool, len(merged), len(found))
+        self._nodes = merged
+        register = wire.Register(self.node_infos())
+        for session in list(self.sessions):
+            session.send_control(register)
+
+    async def watch_kubernetes(self) -> None:
+        from raven.kube import KubeError, NodeWatcher, api_client
+
+        k = self.cfg.kubernetes
+        try:
+            api = await api_client(k.kubeconfig)
+        except KubeError as exc:
+            log.error("cannot watch Nodes, serving only the static node list: %s", exc)
+            return
+        try:
+            selector = ",".join(p for p in (f"{k.pool_label}={self.cfg.pool}", k.node_selector) if p)
+            watcher = NodeWatcher(api, k.pool_label, selector, on_change=self.set_kube_nodes)
+            await watcher.run()
+        finally:
+            await api.close()
 
     def node_infos(self) -> tuple[wire.NodeInfo, ...]:
         return tuple(wire.NodeInfo(name, addr, self.cfg.pool) for name, addr in sorted(self._nodes.items()))
@@ -293,11 +326,16 @@ class Agent:
         host = urlsplit(self.cfg.gateway.url).hostname
         log.info("agent %s (pool %s) starting: gateway %s, %d node(s), ports %s", self.name, self.cfg.pool,
                  host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
+        kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
         try:
             await self.dial_forever()
             if stop_task is not None:
                 await stop_task
         finally:
+            if kube_task is not None:
+                kube_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await kube_task
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             await self.forwarder.close()

@@ -86,6 +86,8 @@ class Registry:
         self.on_change = on_change
         self.rebind_after = rebind_after
         self.max_nodes_per_session = max_nodes_per_session
+        # In Kubernetes, the Node objects say which pool a node is in: name -> pool, or None until synced.
+        self.authority: dict[str, str | None] | None = None
         self._turn = 0
 
     # ------------------------------------------------------------ sessions
@@ -201,6 +203,12 @@ class Registry:
         if info.pool not in s.pools:
             allowed = ", ".join(sorted(s.pools)) or "none"
             return f"pool {info.pool[:63]!r} is not in this agent's certificate (allowed: {allowed})"
+        if self.authority is not None:
+            if info.name not in self.authority:
+                return "no edge Node object of that name (Kubernetes is the source of truth)"
+            node_pool = self.authority[info.name]
+            if node_pool != info.pool:
+                return f"the Node object puts it in pool {node_pool!r}, not {info.pool[:63]!r}"
         entry = self.nodes.get(info.name)
         if entry is not None and entry.pool != info.pool:
             if entry.sessions:

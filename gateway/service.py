@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -17,6 +19,9 @@ from raven.hosts import HostsPublisher, file_sink
 from raven.metrics import GatewayMetrics
 from raven.ops import start_ops_server
 from raven.tls import CertReloader
+
+if TYPE_CHECKING:
+    from raven.kube import KubeNode, LeaseElector
 
 log = logging.getLogger("raven.gateway")
 
@@ -35,6 +40,10 @@ class Gateway:
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
         self._runners: list[web.BaseRunner] = []
+        self._background: list[asyncio.Task[None]] = []
+        self.kube_nodes: dict[str, KubeNode] = {}
+        self._kube_api: Any = None
+        self._elector: LeaseElector | None = None
         self._stopped = asyncio.Event()
         self.started = time.monotonic()
 
@@ -54,8 +63,42 @@ class Gateway:
         return True, status
 
     def edge_names(self) -> list[str]:
-        """The one source of truth for DNS: every known edge node."""
-        return [e.name for e in self.registry.known_nodes()]
+        """The one source of truth for DNS: every known edge node (and, in Kubernetes, every edge Node)."""
+        return sorted({e.name for e in self.registry.known_nodes()} | set(self.kube_nodes))
+
+    # ------------------------------------------------------------ Kubernetes
+
+    async def start_kubernetes(self) -> None:
+        from raven.kube import ConfigMapPublisher, LeaseElector, NodeWatcher, api_client
+
+        k = self.cfg.kubernetes
+        self._kube_api = await api_client(k.kubeconfig)
+
+        def on_nodes(nodes: dict[str, KubeNode]) -> None:
+            self.kube_nodes = nodes
+            self.registry.authority = {n.name: n.pool for n in nodes.values()}
+            self.hosts.changed()
+
+        watcher = NodeWatcher(self._kube_api, k.pool_label, k.node_selector, on_change=on_nodes)
+        self._background.append(asyncio.get_running_loop().create_task(watcher.run(), name="node-watcher"))
+        target = self.cfg.hosts.configmap
+        if target is not None:
+            lease = self.cfg.hosts.lease
+            self._elector = elector = LeaseElector(
+                self._kube_api, lease.namespace, lease.name, self.cfg.replica_id, lease.duration,
+                on_change=lambda leader: self.hosts.changed(),
+            )
+            publisher = ConfigMapPublisher(self._kube_api, target.namespace, target.name, target.key)
+
+            async def to_configmap(content: str) -> bool:
+                if not elector.is_leader:
+                    return False  # another replica holds the Lease and publishes
+                return await publisher.publish(content)
+
+            self.hosts.sinks.append((f"ConfigMap {target.namespace}/{target.name}", to_configmap))
+            self._background.append(asyncio.get_running_loop().create_task(elector.run(), name="lease"))
+        log.info("watching edge Nodes (label %s%s)", k.pool_label, f", selector {k.node_selector}" if k.node_selector
+                 else "")
 
     async def hosts_file(self, _: web.Request) -> web.Response:
         return web.Response(text=self.hosts.current(), content_type="text/plain")
@@ -122,6 +165,8 @@ class Gateway:
             )
         )
         self.reloader.start()
+        if self.cfg.kubernetes.enabled:
+            await self.start_kubernetes()
         if self.hosts.sinks:
             self.hosts.start()
         log.info(
@@ -148,6 +193,15 @@ class Gateway:
         await asyncio.gather(*(s.close("gateway stopping", 9) for s in sessions), return_exceptions=True)
         await self.reloader.stop()
         await self.hosts.stop()
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._elector is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(3):
+                    await self._elector.release()
+        if self._kube_api is not None:
+            await self._kube_api.close()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()

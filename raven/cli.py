@@ -285,10 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a clear line, not a traceback, for start-up failures
+        from raven.kube import KubeError
         from raven.pki import PKIError
         from raven.tls import TLSError
 
-        if isinstance(exc, PKIError | TLSError | OSError):
+        if isinstance(exc, PKIError | TLSError | KubeError | OSError):
             print(f"raven {args.command}: error: {exc}", file=sys.stderr)
             return 1
         raise

@@ -138,3 +138,17 @@ def test_a_fresh_registration_forgets_nodes_that_left_the_pool() -> None:
     reg.register(b, [node("edge-1", "p"), node("edge-3", "p")])
     reg.register(a2, [node("edge-1", "p")])
     assert [e.name for e in reg.known_nodes()] == ["edge-1", "edge-3"]
+
+
+def test_node_objects_are_the_authority_for_pools() -> None:
+    reg = Registry()
+    reg.authority = {"edge-1": "pool-a", "other-1": "pool-b"}
+    a = agent("a1", {"pool-a"})
+    reg.add_session(a)
+    accepted, refused = reg.register(a, [node("edge-1", "pool-a"), node("ghost-1", "pool-a")])
+    assert accepted == ["edge-1"]
+    assert "no edge Node object" in dict(refused)["ghost-1"]
+    wide = agent("w1", {"pool-a", "pool-b"})
+    reg.add_session(wide)
+    _, refused = reg.register(wide, [node("other-1", "pool-a")])
+    assert "the Node object puts it in pool 'pool-b'" in refused[0][1]

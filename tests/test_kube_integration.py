@@ -1,0 +1,119 @@
+"""Kubernetes mode end to end against the fake API server: real gateway and agent processes."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from raven.launch import LocalCluster, PoolSpec
+from raven.simexporter import SimExporter, SimNode
+from tests.conftest import pick_node_port
+from tests.fakekube import FakeKube
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+LABEL = "apps.openyurt.io/nodepool"
+SERVICE = "127.0.70.1"
+
+
+class KBed:
+    def __init__(self, cluster: LocalCluster, kube: FakeKube, port: int) -> None:
+        self.cluster = cluster
+        self.kube = kube
+        self.port = port
+
+    async def sd_nodes(self) -> list[str]:
+        return sorted(g["labels"]["node"] for g in await self.cluster.sd())
+
+    def hosts_configmap(self) -> str:
+        cm: Any = self.kube.configmaps.get(("kube-system", "edge-tunnel-nodes"))
+        return "" if cm is None else str(cm["data"]["tunnel-nodes"])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def kbed() -> AsyncIterator[KBed]:
+    hosts = ["127.0.70.2", "127.0.70.3", "127.0.70.4", "127.0.70.5"]
+    port = pick_node_port(hosts)
+    exporter = SimExporter([SimNode("edge-k-1", hosts[0], port), SimNode("edge-k-2", hosts[1], port),
+                            SimNode("other-1", hosts[2], port), SimNode("edge-k-3", hosts[3], port)])
+    kube = FakeKube(bookmark_interval=0.5)
+    workdir = Path(tempfile.mkdtemp(prefix="raven-kube-"))
+    try:
+        await kube.start()
+        kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")
+        kube.add_node("edge-k-1", {LABEL: "site-k"}, [hosts[0]])
+        kube.add_node("edge-k-2", {LABEL: "site-k"}, [hosts[1]])
+        kube.add_node("other-1", {LABEL: "other"}, [hosts[2]])
+        kube.add_node("cloud-1", {}, ["127.0.70.9"])  # not an edge node: no pool label
+        k8s = {"enabled": True, "kubeconfig": str(kubeconfig)}
+        cluster = LocalCluster(
+            workdir, [PoolSpec("site-k", [], agents=1)], allowed_ports=[port],
+            gateway_settings={"kubernetes": k8s, "hosts": {
+                "service_addresses": [SERVICE], "debounce": 0.2, "configmap": {},
+                "lease": {"duration": 3}}},
+            agent_settings={"kubernetes": k8s},
+        )
+        await exporter.start()
+        await cluster.start()
+        yield KBed(cluster, kube, port)
+    finally:
+        await cluster.close()
+        await exporter.close()
+        await kube.close()
+
+
+async def eventually(check: Any, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await check():
+        if loop.time() > end:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.2)
+
+
+async def test_agent_serves_its_pools_nodes_from_node_objects(kbed: KBed) -> None:
+    async def registered() -> bool:
+        return await kbed.sd_nodes() == ["edge-k-1", "edge-k-2"]
+
+    await eventually(registered)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://edge-k-2:{kbed.port}/metrics", proxy=kbed.cluster.front_url) as resp:
+            assert resp.status == 200
+            assert b'Hostname="edge-k-2"' in await resp.read()
+
+
+async def test_gateway_publishes_every_edge_node_to_the_configmap_under_a_lease(kbed: KBed) -> None:
+    async def published() -> bool:
+        text = kbed.hosts_configmap()
+        return all(f"{SERVICE}\t{n}" in text for n in ("edge-k-1", "edge-k-2", "other-1"))
+
+    await eventually(published)
+    assert "cloud-1" not in kbed.hosts_configmap()  # only Nodes with the pool label are edge nodes
+    lease: Any = kbed.kube.leases[("kube-system", "raven-hosts-publisher")]
+    assert lease["spec"]["holderIdentity"] == "gw-1"
+    # Nodes are watched, not polled: one LIST by each process, then WATCH requests only.
+    lists = kbed.kube.node_requests(watch=False)
+    assert len(lists) == 2, lists
+    assert len(kbed.kube.node_requests(watch=True)) >= 2
+
+
+async def test_new_and_deleted_nodes_follow_through(kbed: KBed) -> None:
+    kbed.kube.add_node("edge-k-3", {LABEL: "site-k"}, ["127.0.70.5"])
+    kbed.kube.delete_node("edge-k-2")
+
+    async def followed() -> bool:
+        text = kbed.hosts_configmap()
+        return (await kbed.sd_nodes() == ["edge-k-1", "edge-k-3"]
+                and "edge-k-3" in text and "edge-k-2" not in text)
+
+    await eventually(followed)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://edge-k-3:{kbed.port}/metrics", proxy=kbed.cluster.front_url) as resp:
+            assert resp.status == 200
