@@ -184,11 +184,13 @@ class Forwarder:
                     code = str(resp.status)
                     stream.send_head(resp.status, resp.reason or "", _response_headers(resp.raw_headers))
                     sent = chunks = 0
+                    length = resp.content_length if frame.method != "HEAD" else None
                     try:
                         async for chunk in resp.content.iter_any():
-                            await stream.write(chunk)
                             sent += len(chunk)
                             chunks += 1
+                            # The chunk that completes a known length carries FIN: one frame less.
+                            await stream.write(chunk, end=length is not None and sent >= length)
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
                         code = "broken"
                         log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))

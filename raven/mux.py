@@ -190,11 +190,17 @@ class Stream:
             finally:
                 self._data_waiter = None
 
-    async def write(self, data: bytes | memoryview) -> None:
-        """Send data, waiting for credit and for room in the session's send queue."""
+    async def write(self, data: bytes | memoryview, end: bool = False) -> None:
+        """Send data, waiting for credit and for room in the session's send queue.
+
+        ``end``: this is the last data; the final DATA frame carries FIN, which saves an END frame.
+        """
         if self.local_fin:
             raise RuntimeError("write after end")
         view = memoryview(data)
+        if end and not view:
+            self.end()
+            return
         max_data = self._session.limits.max_data
         while view:
             if self._reset is not None:
@@ -210,9 +216,14 @@ class Stream:
             await self._session._wait_send_room()
             if self._reset is not None:
                 raise self._reset
-            self._session._enqueue(wire.encode_data(self.id, view[:n]))
+            last = end and n == len(view)
+            if last:
+                self.local_fin = True
+            self._session._enqueue(wire.encode_data(self.id, view[:n], last))
             self.bytes_out += n
             view = view[n:]
+        if end:
+            self._maybe_release()
 
     def end(self) -> None:
         """Half-close: no more data from this side. Idempotent."""

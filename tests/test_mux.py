@@ -162,3 +162,29 @@ async def test_heartbeat_deadline_closes_silent_session() -> None:
     s.start(0.1, 0.35)
     await asyncio.wait_for(s.closed_event.wait(), 3)
     assert "heartbeat timeout" in s.close_reason
+
+
+async def test_last_data_frame_carries_fin_instead_of_an_end_frame() -> None:
+    async def serve(stream: Stream) -> None:
+        stream.send_head(200, "OK", ())
+        await stream.write(b"x" * 100_000, end=True)
+        stream.end()  # idempotent after end=True
+
+    def on_open(stream: Stream) -> None:
+        asyncio.get_running_loop().create_task(serve(stream))
+
+    gw, ag, tasks = await pair(on_open)
+    try:
+        stream = gw.open_stream(http_open())
+        await asyncio.wait_for(stream.head(), 5)
+        got = b""
+        while chunk := await asyncio.wait_for(stream.read(), 5):
+            got += bytes(chunk)
+        assert len(got) == 100_000
+        sent = [wire.decode(m) for m in ag.sink.sent]  # type: ignore[attr-defined]
+        data = [f for f in sent if isinstance(f, wire.Data)]
+        assert data[-1].fin and not any(isinstance(f, wire.End) for f in sent)
+        await asyncio.sleep(0.05)
+        assert gw.in_flight == 0 and ag.in_flight == 0
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
