@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 
 from raven import wire
+from raven.aio import cancel_and_wait
 from raven.metrics import AgentMetrics
 from raven.mux import Stream, StreamReset
 
@@ -288,11 +289,7 @@ async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.St
             if t3 in done:
                 return
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(tasks)
 
 
 def _url_host(address: str) -> str:

@@ -25,6 +25,7 @@ from multidict import CIMultiDict
 
 from gateway.registry import AgentSession, NodeEntry, Registry
 from raven import wire
+from raven.aio import cancel_and_wait
 from raven.config import GatewayFront
 from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
@@ -536,9 +537,5 @@ async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> t
     except (StreamReset, ConnectionError) as exc:
         log.info("CONNECT relay to %s:%d ended: %s", stream.open.node, stream.open.port, exc)
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(tasks)
     return counts[0], counts[1]

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 from raven import wire
+from raven.aio import cancel_and_wait
 
 log = logging.getLogger("raven.hosts")
 
@@ -128,11 +129,8 @@ class HostsPublisher:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="hosts-publisher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
 
 
 def file_sink(path: Path) -> Sink:

@@ -22,6 +22,7 @@ import aiohttp
 import yaml
 
 from raven import pki
+from raven.aio import stop_process
 from raven.simexporter import SimNode
 
 
@@ -259,17 +260,7 @@ class LocalCluster:
         raise RuntimeError(f"nodes not registered within {timeout:.0f}s: want {want}, have {have}")
 
     async def stop(self, proc: Proc, sig: int = signal.SIGTERM, grace: float = 10.0) -> int:
-        if proc.running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.process.send_signal(sig)
-            try:
-                async with asyncio.timeout(grace):
-                    await proc.process.wait()
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.process.kill()
-                await proc.process.wait()
-        return proc.process.returncode if proc.process.returncode is not None else -1
+        return await stop_process(proc.process, sig, grace)
 
     async def close(self) -> None:
         procs = list(self.agents.values()) + [g for g in self.gateways if g is not None]

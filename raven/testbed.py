@@ -31,6 +31,7 @@ import aiohttp
 import yaml
 
 from raven import pki
+from raven.aio import stop_process
 
 TOPOLOGY = Path(__file__).resolve().parent.parent / "deploy" / "testbed" / "topology.sh"
 CLOUD_IP = "10.200.0.1"
@@ -188,17 +189,7 @@ class Testbed:
         p = self.processes.get(name)
         if p is None or p.proc is None:
             return None
-        if p.running:
-            with contextlib.suppress(ProcessLookupError):
-                p.proc.send_signal(sig)
-            try:
-                async with asyncio.timeout(grace):
-                    await p.proc.wait()
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    p.proc.kill()
-                await p.proc.wait()
-        return p.proc.returncode
+        return await stop_process(p.proc, sig, grace)
 
     def signal(self, name: str, sig: int) -> None:
         p = self.processes[name]

@@ -9,11 +9,11 @@ established sessions keep running.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from pathlib import Path
 
+from raven.aio import cancel_and_wait
 from raven.config import TLSConfig
 
 log = logging.getLogger("raven.tls")
@@ -110,8 +110,5 @@ class CertReloader:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cert-reloader")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
