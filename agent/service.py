@@ -53,7 +53,6 @@ class Agent:
             allowed = ", ".join(ident.pools) or "none"
             raise pki.PKIError(f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {allowed})")
         self.reloader = CertReloader(cfg.tls, server=False)
-        self.session_id = uuid.uuid4().hex
         self.sessions: set[Session] = set()
         self.replica_sessions: dict[str, Session] = {}
         self.replicas_expected = 1
@@ -62,6 +61,7 @@ class Agent:
         self.draining = False
         self._stop = asyncio.Event()
         self._static_nodes = {n.name: n.address for n in cfg.nodes}
+        self._kube_synced = asyncio.Event()
         self._nodes = dict(self._static_nodes)
         self.forwarder = Forwarder(
             nodes=lambda: self._nodes,
@@ -87,7 +87,9 @@ class Agent:
         """The pool's Node objects changed: serve them (plus the static list) and re-register everywhere."""
         found = {n.name: n.addresses[0] for n in nodes.values() if n.pool == self.cfg.pool and n.addresses}
         merged = {**found, **self._static_nodes}
-        if merged == self._nodes:
+        first = not self._kube_synced.is_set()
+        self._kube_synced.set()
+        if merged == self._nodes and not first:
             return
         log.info("pool %s now has %d node(s) (%d from Node objects)", self.cfg.pool, len(merged), len(found))
         self._nodes = merged
@@ -120,6 +122,9 @@ class Agent:
         """Dial, handshake and serve one session. Returns True if the handshake succeeded."""
         gw = self.cfg.gateway
         lim = self.cfg.limits
+        # A fresh id per connection: the gateway replaces a session only on a reconnect of that very
+        # connection, so a duplicate connection to a replica never displaces the live session there.
+        session_id = uuid.uuid4().hex
         async with asyncio.timeout(gw.dial_timeout):
             ws = await http.ws_connect(
                 target.url,
@@ -134,7 +139,7 @@ class Agent:
             async with asyncio.timeout(lim.handshake_timeout):
                 await ws.send_bytes(
                     wire.encode(
-                        wire.Hello(self.name, self.session_id, wire.SUPPORTED_VERSIONS, lim.window,
+                        wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window,
                                    lim.max_streams_per_session)
                     )
                 )
@@ -164,12 +169,12 @@ class Agent:
                 log.info("gateway reports %d replica(s) (was %d)", welcome.replicas, self.replicas_expected)
                 self.replicas_expected = welcome.replicas
                 self._links_changed.set()
-            await self._serve(ws, welcome)
+            await self._serve(ws, welcome, session_id)
             return True
         finally:
             await ws.close()
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, welcome: wire.Welcome) -> None:
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, welcome: wire.Welcome, session_id: str) -> None:
         registered = asyncio.Event()
 
         def on_control(frame: wire.ControlFrame) -> None:
@@ -197,13 +202,16 @@ class Agent:
             on_control=on_control,
         )
         session.start(welcome.heartbeat_interval, welcome.heartbeat_timeout)
-        session.send_control(wire.Register(self.node_infos()))
+        if self._kube_synced.is_set() or not self.cfg.kubernetes.enabled:
+            # With Kubernetes, the first REGISTER waits for the Node list (set_kube_nodes sends it):
+            # a partial list would withdraw nodes the pool still has.
+            session.send_control(wire.Register(self.node_infos()))
         self.sessions.add(session)
         self.replica_sessions[welcome.replica] = session
         self.metrics.sessions.set(len(self.sessions))
         log.info(
             "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
-            welcome.replica, welcome.replicas, self.session_id[:8], len(self._nodes), self.cfg.pool,
+            welcome.replica, welcome.replicas, session_id[:8], len(self._nodes), self.cfg.pool,
         )
         try:
             await session.run(messages(ws))

@@ -30,6 +30,7 @@ class AgentSession:
     connected_at: float = field(default_factory=time.time)
     draining: bool = False
     nodes: set[str] = field(default_factory=set)
+    last_register: tuple[wire.NodeInfo, ...] = ()  # re-evaluated when Node objects change
 
     @property
     def key(self) -> tuple[str, str]:
@@ -55,12 +56,16 @@ class NodeEntry:
     pool: str
     sessions: list[AgentSession] = field(default_factory=list)
     released_at: float | None = None  # when the last claim went away
+    listed_by: set[str] = field(default_factory=set)  # agents whose latest registration lists it
 
 
 # Names an agent may never claim: they would shadow cluster or local names in the hosts file.
 RESERVED_NAMES = frozenset({"localhost", "kubernetes"})
 RESERVED_SUFFIXES = (".svc", ".local", ".localhost", ".internal.cluster", ".cluster.local")
 MAX_LOGGED_REFUSALS = 10
+
+
+Reevaluation = tuple[AgentSession, list[str], list[tuple[str, str]]]
 
 
 class Lookup:
@@ -79,6 +84,7 @@ class Registry:
         on_change: Callable[[], None] | None = None,
         rebind_after: float = 3600.0,
         max_nodes_per_session: int = 10000,
+        name_suffixes: tuple[str, ...] = (),
     ) -> None:
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self.nodes: dict[str, NodeEntry] = {}
@@ -86,6 +92,7 @@ class Registry:
         self.on_change = on_change
         self.rebind_after = rebind_after
         self.max_nodes_per_session = max_nodes_per_session
+        self.name_suffixes = name_suffixes  # dotted names an agent may claim (besides Node objects)
         # In Kubernetes, the Node objects say which pool a node is in: name -> pool, or None until synced.
         self.authority: dict[str, str | None] | None = None
         self._turn = 0
@@ -146,7 +153,8 @@ class Registry:
         accepted: list[str] = []
         refused: list[tuple[str, str]] = []
         wanted: dict[str, wire.NodeInfo] = {}
-        for info in nodes:
+        s.last_register = tuple(nodes)
+        for info in s.last_register:
             reason = self._refusal(s, info)
             if reason is None and info.name in wanted:
                 reason = "listed twice in one registration"
@@ -170,6 +178,13 @@ class Registry:
                 s.nodes.discard(name)
         for name, info in wanted.items():
             entry = self.nodes.get(name)
+            if entry is not None and entry.pool != info.pool and entry.sessions:
+                # Only reachable when a Node object contradicts the earlier claims: it wins.
+                log.warning("node %r: its Node object says pool %r; dropping the claims of pool %r",
+                            name, info.pool, entry.pool)
+                for holder in entry.sessions:
+                    holder.nodes.discard(name)
+                entry.sessions.clear()
             if entry is None or (not entry.sessions and entry.pool != info.pool):
                 if entry is not None:
                     log.warning("node %r moves from pool %r to pool %r (its binding expired)",
@@ -181,17 +196,21 @@ class Registry:
                 self.pool_nodes.setdefault(info.pool, set()).add(name)
             entry.address = info.address
             entry.released_at = None
+            entry.listed_by.add(s.agent)
             if s not in entry.sessions:
                 entry.sessions.append(s)
             s.nodes.add(name)
             accepted.append(name)
-        # A registration is the pool's complete node list: nodes of this agent's pools that it does
-        # not list and that no live session still claims have left the pool.
+        # A registration is this agent's complete list. A node is forgotten (it left its pool) once no
+        # agent's latest registration lists it and no session holds it: an agent restarted without it.
+        # Nodes that other agents still list stay, whatever this one says.
         for pool in s.pools:
             for name in list(self.pool_nodes.get(pool, ())):
                 entry = self.nodes[name]
-                if name not in wanted and not entry.sessions:
-                    self._forget(entry)
+                if name not in wanted:
+                    entry.listed_by.discard(s.agent)
+                    if not entry.listed_by and not entry.sessions:
+                        self._forget(entry)
         self._changed()
         return accepted, refused
 
@@ -209,6 +228,11 @@ class Registry:
             node_pool = self.authority[info.name]
             if node_pool != info.pool:
                 return f"the Node object puts it in pool {node_pool!r}, not {info.pool[:63]!r}"
+            return None  # the Node object overrides earlier claims and bindings
+        if "." in info.name and not info.name.endswith(self.name_suffixes or ("\0",)):
+            allowed = ", ".join(self.name_suffixes) or "none configured"
+            return (f"dotted names can only be claimed when they are Node objects or end in an allowed suffix "
+                    f"(allowed_name_suffixes: {allowed})")
         entry = self.nodes.get(info.name)
         if entry is not None and entry.pool != info.pool:
             if entry.sessions:
@@ -221,6 +245,16 @@ class Registry:
                     f"claim it after {self.rebind_after:.0f}s)"
                 )
         return None
+
+    def set_authority(self, authority: dict[str, str | None]) -> list[Reevaluation]:
+        """Node objects changed which pool a node is in: re-evaluate every session's last registration.
+
+        Returns (session, accepted, refused) for each session, for the caller to tell the agents.
+        """
+        if authority == self.authority:
+            return []
+        self.authority = authority
+        return [(s, *self.register(s, s.last_register)) for s in list(self.sessions.values())]
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.tunnel import TunnelEndpoint
+from raven import wire
 from raven.config import GatewayConfig, split_host_port
 from raven.hosts import HostsPublisher, file_sink
 from raven.metrics import GatewayMetrics
@@ -30,7 +31,8 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         self.metrics = GatewayMetrics()
-        self.registry = Registry(rebind_after=cfg.node_rebind_after, max_nodes_per_session=cfg.max_nodes_per_agent)
+        self.registry = Registry(rebind_after=cfg.node_rebind_after, max_nodes_per_session=cfg.max_nodes_per_agent,
+                                 name_suffixes=tuple(cfg.allowed_name_suffixes))
         sinks = []
         if cfg.hosts.file is not None:
             sinks.append((str(cfg.hosts.file), file_sink(cfg.hosts.file)))
@@ -42,6 +44,7 @@ class Gateway:
         self._runners: list[web.BaseRunner] = []
         self._background: list[asyncio.Task[None]] = []
         self.kube_nodes: dict[str, KubeNode] = {}
+        self.kube_synced = not cfg.kubernetes.enabled
         self._kube_api: Any = None
         self._elector: LeaseElector | None = None
         self._stopped = asyncio.Event()
@@ -76,9 +79,16 @@ class Gateway:
 
         def on_nodes(nodes: dict[str, KubeNode]) -> None:
             self.kube_nodes = nodes
-            self.registry.authority = {n.name: n.pool for n in nodes.values()}
+            for agent_session, accepted, refused in self.registry.set_authority(
+                {n.name: n.pool for n in nodes.values()}
+            ):
+                agent_session.session.send_control(wire.Registered(tuple(accepted), tuple(refused)))
+            self.kube_synced = True
             self.hosts.changed()
 
+        # Until the first Node list arrives, no registration is accepted: Kubernetes is the authority.
+        # Registrations refused meanwhile are re-evaluated (and the agents told) once it arrives.
+        self.registry.authority = {}
         watcher = NodeWatcher(self._kube_api, k.pool_label, k.node_selector, on_change=on_nodes)
         self._background.append(asyncio.get_running_loop().create_task(watcher.run(), name="node-watcher"))
         target = self.cfg.hosts.configmap

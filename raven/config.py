@@ -164,6 +164,11 @@ class GatewayConfig(_Model):
         "another pool's claim is refused",
     )
     max_nodes_per_agent: int = Field(10000, ge=1, description="nodes one agent session may register")
+    allowed_name_suffixes: list[str] = Field(
+        default_factory=list,
+        description="without Kubernetes, dotted node names an agent may claim must end in one of these "
+        "(e.g. '.edge.example.com'); single-label names are always allowed",
+    )
     drain_linger: float = Field(
         3.0, ge=0, le=300,
         description="after SIGTERM, keep serving new requests this long while /readyz says 503 "

@@ -152,3 +152,56 @@ def test_node_objects_are_the_authority_for_pools() -> None:
     reg.add_session(wide)
     _, refused = reg.register(wide, [node("other-1", "pool-a")])
     assert "the Node object puts it in pool 'pool-b'" in refused[0][1]
+
+
+def test_an_agent_cannot_erase_nodes_that_another_agent_lists() -> None:
+    reg = Registry()
+    a1, a2 = agent("a1", {"p", "q"}, sid="1"), agent("a2", {"p"}, sid="2")
+    for s in (a1, a2):
+        reg.add_session(s)
+    reg.register(a1, [node("edge-1", "p")])
+    reg.register(a2, [node("edge-9", "p")])
+    reg.remove_session(a2)  # a2 blips
+    reg.register(a1, [node("edge-1", "p")])  # a1 re-registers its own list
+    assert [e.name for e in reg.known_nodes()] == ["edge-1", "edge-9"]
+    # Both agents restart without edge-1: only then does it leave.
+    b = agent("b1", {"p"}, sid="3")
+    reg.add_session(b)
+    reg.register(b, [node("edge-1", "p")])
+    reg.remove_session(a1)
+    a1b = agent("a1", {"p"}, sid="4")
+    reg.add_session(a1b)
+    reg.register(a1b, [])
+    assert "edge-1" in [e.name for e in reg.known_nodes()]  # b still holds it
+    reg.remove_session(b)
+    b2 = agent("b1", {"p"}, sid="5")
+    reg.add_session(b2)
+    reg.register(b2, [])
+    assert [e.name for e in reg.known_nodes()] == ["edge-9"]
+
+
+def test_dotted_names_need_an_allowed_suffix_or_a_node_object() -> None:
+    reg = Registry(name_suffixes=(".edge.example.com",))
+    a = agent("a1", {"p"})
+    reg.add_session(a)
+    accepted, refused = reg.register(a, [node("registry.k8s.io", "p"), node("gpu-1.edge.example.com", "p"),
+                                         node("gpu-2", "p")])
+    assert accepted == ["gpu-1.edge.example.com", "gpu-2"]
+    assert "dotted names can only be claimed" in refused[0][1]
+
+
+def test_node_objects_arriving_late_reevaluate_and_evict_wrong_claims() -> None:
+    reg = Registry()
+    rogue = agent("b1", {"pool-b"}, sid="1")
+    owner = agent("a1", {"pool-a"}, sid="2")
+    for s in (rogue, owner):
+        reg.add_session(s)
+    reg.register(rogue, [node("gpu-a-1", "pool-b")])  # before any authority: accepted
+    _, refused = reg.register(owner, [node("gpu-a-1", "pool-a")])
+    assert "already registered by pool 'pool-b'" in refused[0][1]
+    results = {s.agent: (acc, ref) for s, acc, ref in reg.set_authority({"gpu-a-1": "pool-a"})}
+    assert results["a1"] == (["gpu-a-1"], [])
+    assert "the Node object puts it in pool 'pool-a'" in results["b1"][1][0][1]
+    entry = reg.lookup("gpu-a-1").entry
+    assert entry is not None and entry.pool == "pool-a" and entry.sessions == [owner]
+    assert reg.set_authority({"gpu-a-1": "pool-a"}) == []  # unchanged: nothing re-evaluated
