@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.proxy import Proxy
-from gateway.registry import Registry
+from gateway.registry import RESERVED_NAMES, RESERVED_SUFFIXES, Registry
 from gateway.tunnel import TunnelEndpoint
 from raven import wire
 from raven.config import GatewayConfig, split_host_port
@@ -36,7 +36,8 @@ class Gateway:
         sinks = []
         if cfg.hosts.file is not None:
             sinks.append((str(cfg.hosts.file), file_sink(cfg.hosts.file)))
-        self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks)
+        self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
+                                    ready=lambda: self.kube_synced and self.ready()[0])
         self.registry.on_change = self.hosts.changed
         self.reloader = CertReloader(cfg.tls, server=True)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
@@ -66,8 +67,12 @@ class Gateway:
         return True, status
 
     def edge_names(self) -> list[str]:
-        """The one source of truth for DNS: every known edge node (and, in Kubernetes, every edge Node)."""
-        return sorted({e.name for e in self.registry.known_nodes()} | set(self.kube_nodes))
+        """The one source of truth for DNS: every known edge node (and, in Kubernetes, every edge Node).
+
+        Reserved names (cluster-internal or local) never reach DNS, whatever a Node is called.
+        """
+        names = {e.name for e in self.registry.known_nodes()} | set(self.kube_nodes)
+        return sorted(n for n in names if n not in RESERVED_NAMES and not n.endswith(RESERVED_SUFFIXES))
 
     # ------------------------------------------------------------ Kubernetes
 
@@ -103,7 +108,7 @@ class Gateway:
             async def to_configmap(content: str) -> bool:
                 if not elector.is_leader:
                     return False  # another replica holds the Lease and publishes
-                return await publisher.publish(content)
+                return await publisher.publish(content, allowed=lambda: elector.is_leader)
 
             self.hosts.sinks.append((f"ConfigMap {target.namespace}/{target.name}", to_configmap))
             self._background.append(asyncio.get_running_loop().create_task(elector.run(), name="lease"))

@@ -87,41 +87,68 @@ class HostsPublisher:
     """Re-render and publish after changes, debounced: a burst of registrations is one write."""
 
     def __init__(self, names: Callable[[], Iterable[str]], addresses: Sequence[str], debounce: float,
-                 sinks: Sequence[tuple[str, Sink]]) -> None:
+                 sinks: Sequence[tuple[str, Sink]], ready: Callable[[], bool] | None = None) -> None:
         self.names = names
         self.addresses = list(addresses)
         self.debounce = debounce
         self.sinks = list(sinks)
+        # Nothing is published before ``ready()``: a restarted gateway knows no nodes until its agents
+        # are back, and publishing then would take every edge name out of DNS for a while.
+        self.ready = ready or (lambda: True)
         self.content = ""
         self.writes = 0
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._skipped: set[str] = set()
+        self._failures = 0
 
     def changed(self) -> None:
         self._dirty.set()
 
-    def current(self) -> str:
-        return render(self.names(), self.addresses)
+    def valid_names(self) -> list[str]:
+        """The names to publish; any the hosts format cannot carry are left out (logged once each)."""
+        out = []
+        for name in self.names():
+            if wire.valid_node_name(name):
+                out.append(name)
+            elif name not in self._skipped:
+                self._skipped.add(name)
+                log.warning("node name %r is not a valid RFC 1123 host name: left out of the hosts file", name[:300])
+        return out
 
-    async def publish_once(self) -> None:
+    def current(self) -> str:
+        return render(self.valid_names(), self.addresses)
+
+    async def publish_once(self) -> bool:
+        """Publish to every sink; False when something failed (and will be retried)."""
+        if not self.ready():
+            return False
         content = self.current()
         self.content = content
+        ok = True
         for label, sink in self.sinks:
             try:
                 if await sink(content):
                     self.writes += 1
                     log.info("published hosts file (%d line(s)) to %s", content.count("\n") - 3, label)
-            except Exception as exc:  # a failed publish is retried on the next change or tick
+            except Exception as exc:  # retried with backoff
                 log.warning("could not publish the hosts file to %s: %s", label, exc)
-                self._dirty.set()
+                ok = False
+        return ok
 
     async def run(self, resync: float = 60.0) -> None:
-        """Publish now, then after every change (debounced), and every ``resync`` seconds anyway."""
+        """Publish once ready, then after every change (debounced), every ``resync`` seconds anyway, and
+        with exponential backoff (up to 30 s) while publishing fails or the gateway is not ready yet."""
         while True:
             self._dirty.clear()
-            await self.publish_once()
+            if await self.publish_once():
+                self._failures = 0
+                wait = resync
+            else:
+                self._failures += 1
+                wait = min(30.0, self.debounce * 2 ** min(self._failures, 8))
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(resync):
+                async with asyncio.timeout(wait):
                     await self._dirty.wait()
             await asyncio.sleep(self.debounce)
 

@@ -357,8 +357,12 @@ class ConfigMapPublisher:
                              f"(apiGroup \"\") in namespace {self.namespace!r} ({exc.message})")
         return KubeError(f"{verb} {where} failed: {_describe(exc)}")
 
-    async def publish(self, content: str) -> bool:
-        """Make ``data[key] == content``; True when something was written, False when it already was so."""
+    async def publish(self, content: str, allowed: Callable[[], bool] | None = None) -> bool:
+        """Make ``data[key] == content``; True when something was written, False when it already was so.
+
+        ``allowed`` is asked right before every write (e.g. "do we still hold the Lease?"): a publisher
+        that lost its right while a read was slow writes nothing.
+        """
         last = ""
         for attempt in range(self.attempts):
             if attempt:
@@ -373,6 +377,8 @@ class ConfigMapPublisher:
             except (aiohttp.ClientError, TimeoutError, KubeError) as exc:
                 raise self._error("get", exc) from exc
 
+            if allowed is not None and not allowed():
+                return False
             if current is None:
                 body = {
                     "apiVersion": "v1",

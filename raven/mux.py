@@ -305,7 +305,8 @@ class Session:
         self._writer_task: asyncio.Task[None] | None = None
         self._out_waiter: asyncio.Future[None] | None = None
         self._writer_retire = False
-        self._writer_idle_since = 0.0
+        self._last_traffic = 0.0  # when a frame other than PING/PONG was last queued
+        self._direct_sends: set[asyncio.Task[None]] = set()
         self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.close_reason = ""
@@ -355,6 +356,7 @@ class Session:
         current = asyncio.current_task()
         if self._writer_task is not None and self._writer_task is not current:
             self._tasks.append(self._writer_task)
+        self._tasks.extend(self._direct_sends)
         for task in self._tasks:
             if task is not current:
                 task.cancel()
@@ -381,9 +383,11 @@ class Session:
 
     # ------------------------------------------------------------ sending
 
-    def _enqueue(self, message: bytes) -> None:
+    def _enqueue(self, message: bytes, heartbeat: bool = False) -> None:
         if self._closed:
             return
+        if not heartbeat:
+            self._last_traffic = self.loop.time()
         self._out.append(message)
         self._out_bytes += len(message)
         if self._writer_task is None:
@@ -414,7 +418,6 @@ class Session:
                     if self._writer_retire:
                         return
                     self._out_waiter = self.loop.create_future()
-                    self._writer_idle_since = self.loop.time()
                     try:
                         await self._out_waiter
                     finally:
@@ -533,7 +536,7 @@ class Session:
         elif isinstance(frame, wire.Open):
             self._on_open(frame)
         elif isinstance(frame, wire.Ping):
-            self._enqueue(wire.encode(wire.Pong(frame.opaque)))
+            self._send_heartbeat(wire.encode(wire.Pong(frame.opaque)))
         elif isinstance(frame, wire.Pong):
             sent = self._ping_sent.pop(frame.opaque, None)
             if sent is not None:
@@ -589,17 +592,23 @@ class Session:
             self._close_soon(f"heartbeat timeout: peer silent for {silent:.1f}s")
             return
         waiter = self._out_waiter
-        if waiter is not None and not waiter.done() and now - self._writer_idle_since >= self.heartbeat_interval:
-            self._writer_retire = True
+        if waiter is not None and not waiter.done() and now - self._last_traffic >= self.heartbeat_interval:
+            self._writer_retire = True  # idle for an interval: the writer task ends (an idle session has none)
             waiter.set_result(None)
         seq = next(self._ping_seq)
         self._ping_sent = {seq: now}
-        ping = wire.encode(wire.Ping(seq))
-        if self._writer_task is None:
-            # Idle: a short-lived send, so that an idle session keeps no writer task.
-            self.loop.create_task(self._send_direct(ping))
-        else:
-            self._enqueue(ping)
+        self._send_heartbeat(wire.encode(wire.Ping(seq)))
+
+    def _send_heartbeat(self, message: bytes) -> None:
+        """PING/PONG: through the writer when it runs (keeps order), else a short-lived send of their own."""
+        if self._closed:
+            return
+        if self._writer_task is not None and not self._writer_retire:
+            self._enqueue(message, heartbeat=True)
+            return
+        task = self.loop.create_task(self._send_direct(message))
+        self._direct_sends.add(task)
+        task.add_done_callback(self._direct_sends.discard)
 
     async def _send_direct(self, message: bytes) -> None:
         try:

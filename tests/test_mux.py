@@ -188,3 +188,18 @@ async def test_last_data_frame_carries_fin_instead_of_an_end_frame() -> None:
         assert gw.in_flight == 0 and ag.in_flight == 0
     finally:
         await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_an_idle_session_keeps_no_writer_task_but_keeps_its_heartbeat() -> None:
+    gw, ag, tasks = await pair(lambda s: None, heartbeat=(0.1, 1.0))
+    try:
+        await asyncio.sleep(0.6)
+        assert gw._writer_task is None and ag._writer_task is None
+        assert not gw.closed and not ag.closed
+        loop = asyncio.get_running_loop()
+        assert loop.time() - gw.last_rx < 0.5 and gw.rtt is not None  # PINGs answered
+        stream = gw.open_stream(http_open())  # traffic brings a writer back
+        assert gw._writer_task is not None
+        stream.close()
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
