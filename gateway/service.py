@@ -50,10 +50,20 @@ class Gateway:
         self._elector: LeaseElector | None = None
         self._stopped = asyncio.Event()
         self.started = time.monotonic()
+        self._was_ready = False
 
     def ready(self) -> tuple[bool, str]:
+        """Ready once agents have connected and settled; then it stays ready (no flapping) until draining."""
         if self.tunnel.draining:
             return False, "draining"
+        if self._was_ready:
+            sessions, nodes = len(self.registry.sessions), len(self.registry.reachable_nodes())
+            return True, f"{sessions} agent session(s), {nodes} node(s)"
+        ok, why = self._settled()
+        self._was_ready = ok
+        return ok, why
+
+    def _settled(self) -> tuple[bool, str]:
         sessions = len(self.registry.sessions)
         status = f"{sessions} agent session(s), {len(self.registry.reachable_nodes())} node(s)"
         now = time.monotonic()
@@ -137,7 +147,7 @@ class Gateway:
         ports = list(self.cfg.front.allowed_ports)
         wanted = request.query.get("port")
         if wanted is not None:
-            if not wanted.isdigit() or int(wanted) not in ports:
+            if not (wanted.isascii() and wanted.isdigit()) or int(wanted) not in ports:
                 return web.Response(status=400, text=f"port must be one of {ports}, got {wanted!r}\n")
             ports = [int(wanted)]
         groups = []

@@ -127,9 +127,12 @@ async def _gateway_nodes(url: str) -> tuple[list[str], list[str]]:
                 if resp.status != 200:
                     raise UsageError(f"{url}/nodes answered HTTP {resp.status}")
                 data = await resp.json()
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise UsageError(f"cannot read the node list from {url}/nodes: {exc or type(exc).__name__}") from None
-    return [n["name"] for n in data["nodes"]], list(data.get("service_addresses", []))
+        names = [str(n["name"]) for n in data["nodes"]]
+        addresses = [str(a) for a in data.get("service_addresses", [])]
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"cannot read the node list from {url}/nodes (is it a Raven gateway's ops listener?): "
+                         f"{exc!r}") from None
+    return names, addresses
 
 
 async def _names_and_addresses(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -161,14 +164,17 @@ def cmd_hosts_render(args: argparse.Namespace) -> int:
 
 
 def cmd_dns_check(args: argparse.Namespace) -> int:
-    from raven.dnscheck import check_all
+    from raven.dnscheck import CheckError, check_all
 
     async def main() -> int:
         names, addresses = await _names_and_addresses(args)
         if not names:
             print("raven dns check: the gateway knows no edge nodes yet; nothing to check", file=sys.stderr)
             return 1
-        results = await check_all(names, addresses, args.server, timeout=args.timeout)
+        try:
+            results = await check_all(names, addresses, args.server, timeout=args.timeout)
+        except CheckError as exc:
+            raise UsageError(str(exc)) from None
         width = max(len(r.name) for r in results)
         print(f"{'NODE':<{width}}  {'RESULT':<6}  ANSWER (expected {', '.join(addresses)})")
         for r in results:

@@ -190,8 +190,18 @@ class AgentGateway(_Model):
     backoff_initial: Seconds = 0.5
     backoff_max: Seconds = 30.0
     resolver: HostPort | None = Field(
-        None, description="DNS server (HOST:PORT) for the gateway's name; default: the system's resolv.conf"
+        None, description="DNS server (IP:PORT) for the gateway's name; default: the system's resolv.conf"
     )
+
+    @model_validator(mode="after")
+    def _resolver_is_an_ip(self) -> AgentGateway:
+        if self.resolver is not None:
+            host = self.resolver.rpartition(":")[0].strip("[]")
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ValueError(f"resolver: must be IP:PORT (a DNS server's address), got {self.resolver!r}") from None
+        return self
     resolve_interval: Seconds = Field(30.0, description="how often to re-resolve the gateway's name")
 
     @model_validator(mode="after")

@@ -24,13 +24,30 @@ class Check:
         return not self.error and set(self.got) == set(self.expected)
 
 
-def _resolver(server: str, timeout: float) -> dns.asyncresolver.Resolver:
+class CheckError(ValueError):
+    """Bad input to the check (a server or address that is not one)."""
+
+
+def parse_server(server: str) -> tuple[str, int]:
+    """``ADDR``, ``ADDR:PORT`` or ``[V6]:PORT`` -> (address, port); the address must be an IP."""
     host, sep, port = server.rpartition(":")
     if not sep or "]" in port or (":" in host and not host.startswith("[")):
         host, port = server, "53"  # a bare address (IPv4, or IPv6 without brackets)
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise CheckError(f"--server must be an IP address (optionally :PORT), got {server!r}") from None
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise CheckError(f"bad port in --server {server!r}")
+    return host, int(port)
+
+
+def _resolver(server: str, timeout: float) -> dns.asyncresolver.Resolver:
+    host, port = parse_server(server)
     resolver = dns.asyncresolver.Resolver(configure=False)
-    resolver.nameservers = [host.strip("[]")]
-    resolver.port = int(port)
+    resolver.nameservers = [host]
+    resolver.port = port
     resolver.lifetime = timeout
     return resolver
 
@@ -56,6 +73,11 @@ async def check_name(resolver: dns.asyncresolver.Resolver, name: str, expected: 
 
 async def check_all(names: Sequence[str], expected: Sequence[str], server: str, timeout: float = 3.0,
                     concurrency: int = 32) -> list[Check]:
+    for address in expected:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise CheckError(f"{address!r} is not an IPv4 or IPv6 address") from None
     resolver = _resolver(server, timeout)
     gate = asyncio.Semaphore(concurrency)
 
