@@ -58,6 +58,8 @@ class Agent:
         self.replicas_expected = 1
         self._links: dict[str, asyncio.Task[None]] = {}
         self._links_changed = asyncio.Event()
+        self._live_links: set[str] = set()  # links that hold a session now
+        self._retiring: set[str] = set()  # links to end once their session ends
         self.draining = False
         self._stop = asyncio.Event()
         self._static_nodes = {n.name: n.address for n in cfg.nodes}
@@ -118,7 +120,7 @@ class Agent:
 
     # ------------------------------------------------------------ one session
 
-    async def _connect_once(self, http: aiohttp.ClientSession, target: DialTarget) -> bool:
+    async def _connect_once(self, http: aiohttp.ClientSession, target: DialTarget, key: str = "") -> bool:
         """Dial, handshake and serve one session. Returns True if the handshake succeeded."""
         gw = self.cfg.gateway
         lim = self.cfg.limits
@@ -169,7 +171,11 @@ class Agent:
                 log.info("gateway reports %d replica(s) (was %d)", welcome.replicas, self.replicas_expected)
                 self.replicas_expected = welcome.replicas
                 self._links_changed.set()
-            await self._serve(ws, welcome, session_id)
+            self._live_links.add(key)
+            try:
+                await self._serve(ws, welcome, session_id)
+            finally:
+                self._live_links.discard(key)
             return True
         finally:
             await ws.close()
@@ -224,13 +230,13 @@ class Agent:
 
     # ------------------------------------------------------------ dial loops
 
-    async def _link(self, http: aiohttp.ClientSession, target: DialTarget) -> None:
+    async def _link(self, http: aiohttp.ClientSession, target: DialTarget, key: str) -> None:
         """Hold one session through ``target``, redialling with backoff and full jitter."""
         attempt = 0
         gw = self.cfg.gateway
         while not self._stop.is_set():
             try:
-                if await self._connect_once(http, target):
+                if await self._connect_once(http, target, key):
                     attempt = 0
             except DuplicateReplica as exc:
                 self.metrics.connects.labels("duplicate").inc()
@@ -243,6 +249,12 @@ class Agent:
                 log.warning("cannot reach gateway %s: %s", target.url, _describe(exc))
             if self._stop.is_set():
                 break
+            if key in self._retiring:  # its address left DNS while the session lived: do not redial
+                self._retiring.discard(key)
+                if self._links.get(key) is asyncio.current_task():
+                    del self._links[key]
+                log.info("gateway target %s retired", key)
+                return
             delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
             attempt += 1
             log.info("reconnecting to %s in %.2fs (attempt %d)", target.key, delay, attempt)
@@ -272,7 +284,11 @@ class Agent:
                     if res is not None:
                         self._apply(http, self._desired(res))
                     self._links_changed.clear()
-                    interval = gw.resolve_interval if res is not None else gw.backoff_initial * 4
+                    # Jittered, so that agents started together do not re-resolve in lockstep; faster while
+                    # fewer replicas are held than the gateway says exist (a new replica is found sooner).
+                    short = res is None or len(self.replica_sessions) < self.replicas_expected
+                    base = min(gw.resolve_interval, 5.0) if short else gw.resolve_interval
+                    interval = base * self._rng.uniform(0.8, 1.2)
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(interval):
                             stop = asyncio.ensure_future(self._stop.wait())
@@ -291,14 +307,22 @@ class Agent:
 
     def _apply(self, http: aiohttp.ClientSession, desired: dict[str, DialTarget]) -> None:
         for key in list(self._links):
-            if key not in desired:
-                log.info("gateway target %s is gone: closing its link", key)
+            if key in desired:
+                self._retiring.discard(key)
+            elif key in self._live_links:
+                # Never cut a live session because DNS changed (a partial answer, a scale-down in
+                # progress): it ends on its own (drain, GOAWAY) and the link then stops redialling.
+                if key not in self._retiring:
+                    log.info("gateway target %s left DNS: keeping its live session, not redialling after", key)
+                    self._retiring.add(key)
+            else:
+                log.info("gateway target %s left DNS: closing its link", key)
                 self._links.pop(key).cancel()
         for key, target in desired.items():
             task = self._links.get(key)
             if task is None or task.done():
                 log.info("dialling gateway target %s (%s)", key, target.url)
-                self._links[key] = asyncio.get_running_loop().create_task(self._link(http, target), name=key)
+                self._links[key] = asyncio.get_running_loop().create_task(self._link(http, target, key), name=key)
 
     # ------------------------------------------------------------ lifecycle
 

@@ -13,7 +13,7 @@
 # the WAN or the edge LANs.
 #
 # Usage: topology.sh up | down | status | uplink SITE up|down
-set -euo pipefail
+set -eEuo pipefail  # -E: the ERR trap below also fires inside functions
 
 PREFIX=${RAVEN_TESTBED_PREFIX:-rv}
 CLOUD=$PREFIX-cloud
