@@ -262,6 +262,22 @@ class Agent:
                 async with asyncio.timeout(delay):
                     await self._stop.wait()
 
+    async def _resolve_unless_stopping(self) -> Resolution | None:
+        """Resolve the gateway's name; a drain does not wait for a slow DNS server (None then)."""
+        gw = self.cfg.gateway
+        lookup = asyncio.ensure_future(resolve(gw.url, gw.server_name, gw.resolver))
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({lookup, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not lookup.done():
+            lookup.cancel()
+            with contextlib.suppress(BaseException):
+                await lookup
+            return None
+        return lookup.result()
+
     def _desired(self, res: Resolution) -> dict[str, DialTarget]:
         if res.per_address:
             return {t.key: t for t in res.targets}
@@ -277,7 +293,7 @@ class Agent:
             try:
                 while not self._stop.is_set():
                     try:
-                        res = await resolve(gw.url, gw.server_name, gw.resolver)
+                        res = await self._resolve_unless_stopping() or res
                     except OSError as exc:
                         log.warning("cannot resolve the gateway: %s%s", exc,
                                     " (keeping the current links)" if res else "")
