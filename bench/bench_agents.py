@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import ssl
 import sys
@@ -167,6 +168,7 @@ async def main(args: argparse.Namespace) -> int:
         "ready_max_wait": 1,
     })
     workers: list[Proc] = []
+    finished = False
     print(f"issuing {n} agent certificates ...", flush=True)
     cluster.workdir.mkdir(parents=True, exist_ok=True)
     cluster.make_pki()
@@ -202,6 +204,7 @@ async def main(args: argparse.Namespace) -> int:
 
         if args.nodes_per_agent == 0:
             print("failover: skipped (no nodes registered)")
+            finished = True
             return 0
         # Failover: scrape a node of pool 0 continuously; kill agent 0's process.
         target = "http://node-0-0:9400/metrics"
@@ -233,6 +236,7 @@ async def main(args: argparse.Namespace) -> int:
         failed = sum(1 for s in after if s != 200)
         print(f"failover after SIGKILL of one agent: gateway dropped its session in {detected * 1000:.0f} ms; "
               f"{len(after)} scrapes of its pool's node after the kill, {failed} failed")
+        finished = True
     finally:
         for w in workers:
             with contextlib.suppress(ProcessLookupError):
@@ -244,6 +248,10 @@ async def main(args: argparse.Namespace) -> int:
             except TimeoutError:
                 w.process.kill()
         await cluster.close()
+        if finished:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {workdir}", file=sys.stderr)
     return 0
 
 

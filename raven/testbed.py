@@ -89,6 +89,7 @@ class Testbed:
     __test__ = False  # not a pytest test class
 
     def __init__(self, workdir: Path | None = None) -> None:
+        self.own_workdir = workdir is None  # a folder we made is ours to remove after a clean run
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="raven-testbed-"))
         self.certs = self.workdir / "pki"
         self.hosts_dir = self.workdir / "hosts"
@@ -291,6 +292,7 @@ async def _run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    code = 1
     try:
         print(f"testbed: building namespaces and starting processes (logs in {bed.workdir})", flush=True)
         await bed.start()
@@ -303,13 +305,17 @@ async def _run(args: argparse.Namespace) -> int:
         if args.command == "run":
             print("Press Ctrl-C to tear everything down.")
             await stop.wait()
-        return 0
+        code = 0
     except TestbedError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
-        return 1
     finally:
         await bed.close()
-        print("testbed: torn down")
+        if code == 0 and bed.own_workdir:
+            shutil.rmtree(bed.workdir, ignore_errors=True)
+            print("testbed: torn down")
+        else:
+            print(f"testbed: torn down; logs kept in {bed.workdir}")
+    return code
 
 
 def main() -> int:

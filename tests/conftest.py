@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import socket
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from raven.launch import LocalCluster, PoolSpec
@@ -59,7 +58,7 @@ class Bed:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def bed() -> AsyncIterator[Bed]:
+async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
     port = pick_node_port(HOSTS)
     tcp_port = pick_node_port(HOSTS)  # for CONNECT tests: a TLS server stands in for a kubelet
     pool_a = [SimNode(f"edge-a-{i}", HOSTS[i - 1], port) for i in (1, 2, 3)]
@@ -67,7 +66,7 @@ async def bed() -> AsyncIterator[Bed]:
     pool_b = [SimNode("edge-b-1", HOSTS[3], port), SimNode("edge-b-2", HOSTS[4], port, size=4 * 1024 * 1024)]
     exporter = SimExporter(pool_a + pool_b)
     await exporter.start()
-    workdir = Path(tempfile.mkdtemp(prefix="raven-test-"))
+    workdir = tmp_path_factory.mktemp("raven-test")
     cluster = LocalCluster(
         workdir,
         [PoolSpec("pool-a", pool_a, agents=2), PoolSpec("pool-b", pool_b, agents=1)],

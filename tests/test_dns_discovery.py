@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,8 @@ class DnsBed:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def dbed() -> AsyncIterator[DnsBed]:
-    workdir = Path(tempfile.mkdtemp(prefix="raven-dns-"))
+async def dbed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DnsBed]:
+    workdir = tmp_path_factory.mktemp("raven-dns")
     hosts_dir = workdir / "edge"
     hosts_dir.mkdir()
     hosts_file = hosts_dir / "tunnel-nodes"

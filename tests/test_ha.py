@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -34,8 +32,8 @@ class HA:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def ha() -> AsyncIterator[HA]:
-    workdir = Path(tempfile.mkdtemp(prefix="raven-ha-"))
+async def ha(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[HA]:
+    workdir = tmp_path_factory.mktemp("raven-ha")
     hosts = workdir / "gateway.hosts"
     hosts.write_text("".join(f"{addr} raven-gateway\n" for addr in REPLICAS))
     dns = Dnsmasq(hosts)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -38,13 +36,13 @@ class KBed:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def kbed() -> AsyncIterator[KBed]:
+async def kbed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[KBed]:
     hosts = ["127.0.70.2", "127.0.70.3", "127.0.70.4", "127.0.70.5"]
     port = pick_node_port(hosts)
     exporter = SimExporter([SimNode("edge-k-1", hosts[0], port), SimNode("edge-k-2", hosts[1], port),
                             SimNode("other-1", hosts[2], port), SimNode("edge-k-3", hosts[3], port)])
     kube = FakeKube(bookmark_interval=0.5)
-    workdir = Path(tempfile.mkdtemp(prefix="raven-kube-"))
+    workdir = tmp_path_factory.mktemp("raven-kube")
     try:
         await kube.start()
         kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def bed() -> AsyncIterator[Testbed]:
-    tb = Testbed()
+async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Testbed]:
+    tb = Testbed(tmp_path_factory.mktemp("raven-testbed"))
     try:
         await tb.start()
         await tb.wait_all_up(90)
