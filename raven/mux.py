@@ -267,6 +267,44 @@ class Session:
     accepts them. Parameters come from the HELLO/WELCOME exchange done by the caller.
     """
 
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_closed_fut",
+        "_direct_sends",
+        "_last_peer_id",
+        "_last_traffic",
+        "_next_id",
+        "_out",
+        "_out_bytes",
+        "_out_waiter",
+        "_ping_sent",
+        "_ping_seq",
+        "_room_waiters",
+        "_tasks",
+        "_writer_retire",
+        "_writer_task",
+        "close_reason",
+        "heartbeat_interval",
+        "heartbeat_timeout",
+        "last_rx",
+        "limits",
+        "local_max_streams",
+        "local_window",
+        "loop",
+        "name",
+        "on_control",
+        "on_open",
+        "on_stream_closed",
+        "opener",
+        "peer_draining",
+        "peer_max_streams",
+        "peer_window",
+        "rtt",
+        "sink",
+        "streams",
+    )
+
     HIGH_WATER = 1 << 20  # bytes queued for the socket before writers wait
     LOW_WATER = 256 * 1024
 
@@ -310,7 +348,7 @@ class Session:
         self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.close_reason = ""
-        self.closed_event = asyncio.Event()
+        self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
         self.peer_draining = False
         self.last_rx = self.loop.time()
         self.rtt: float | None = None
@@ -347,7 +385,7 @@ class Session:
     async def close(self, reason: str, code: int = 0) -> None:
         """End the session: every stream is reset, tasks stop, the transport closes. Idempotent."""
         if self._closed:
-            await self.closed_event.wait()
+            await self.wait_closed()
             return
         self._closed = True
         self.close_reason = reason
@@ -374,7 +412,12 @@ class Session:
             if task is not current:
                 with contextlib.suppress(BaseException):
                     await task
-        self.closed_event.set()
+        if not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    async def wait_closed(self) -> None:
+        """Wait until :meth:`close` has finished (a cancelled waiter leaves the session alone)."""
+        await asyncio.shield(self._closed_fut)
 
     def _close_soon(self, reason: str, code: int = 0) -> None:
         if not self._closed:

@@ -126,7 +126,7 @@ async def test_session_close_resets_every_stream() -> None:
         with pytest.raises(StreamReset) as info:
             await asyncio.wait_for(stream.read(), 5)
         assert info.value.code == wire.ResetCode.SESSION_CLOSED
-        await asyncio.wait_for(gw.closed_event.wait(), 5)
+        await asyncio.wait_for(gw.wait_closed(), 5)
         assert gw.in_flight == 0 and ag.in_flight == 0
     finally:
         await _close_all(gw, ag, tasks=tasks)
@@ -141,7 +141,7 @@ async def test_protocol_error_on_unknown_stream_and_garbage() -> None:
         assert not ag.closed
         # Garbage on stream 0 ends the session, with a reason, no exception.
         ag.feed(b"\xff\xff\x00\x00\x00\x00")
-        await asyncio.wait_for(ag.closed_event.wait(), 5)
+        await asyncio.wait_for(ag.wait_closed(), 5)
         assert "unknown frame type" in ag.close_reason
     finally:
         await _close_all(gw, ag, tasks=tasks)
@@ -160,7 +160,7 @@ async def test_heartbeat_deadline_closes_silent_session() -> None:
     s = Session(Sink(), opener=True, name="lonely", local_window=1024, peer_window=1024,
                 local_max_streams=1, peer_max_streams=1)
     s.start(0.1, 0.35)
-    await asyncio.wait_for(s.closed_event.wait(), 3)
+    await asyncio.wait_for(s.wait_closed(), 3)
     assert "heartbeat timeout" in s.close_reason
 
 
