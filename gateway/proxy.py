@@ -169,6 +169,16 @@ def parse_target(request: web.BaseRequest) -> Target:
     return Target(node, port, raw, wire.StreamKind.HTTP)
 
 
+class _RelayResponse(web.StreamResponse):
+    """A streamed response whose head leaves with the first body bytes: one write and one packet, not two.
+
+    aiohttp (3.12 and later) holds the serialized head until the first write when this flag is
+    False, as its own ``web.Response`` does; the client sees the head no later than the first chunk.
+    """
+
+    _send_headers_immediately = False
+
+
 class Proxy:
     def __init__(
         self, cfg: GatewayFront, registry: Registry, metrics: GatewayMetrics, draining: Callable[[], bool]
@@ -358,7 +368,7 @@ class Proxy:
         deadline: float,
         start: float,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(status=head.status, reason=head.reason or None)
+        resp = _RelayResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
         length = _content_length(out_headers.get("Content-Length"))
         resp.headers.extend(out_headers)
@@ -368,13 +378,33 @@ class Proxy:
             resp.content_length = length
         elif request.version >= (1, 1) and not no_body:
             resp.enable_chunked_encoding()
+        # Wait for the first body bytes before anything goes to the client: a response that breaks
+        # before its body still becomes a clean 502/504 that says why, and the head leaves together
+        # with the first bytes.
+        first: bytes | memoryview = b""
+        if not no_body:
+            try:
+                async with asyncio.timeout_at(self._loop_deadline(deadline)):
+                    first = await stream.read()
+            except TimeoutError:
+                stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
+                raise Refusal(504, f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no "
+                                   f"response body within {self._timeout(request):.1f}s") from None
+            except StreamReset as exc:
+                raise Refusal(RESET_STATUS.get(exc.code, 502), f"node {target.node!r} (pool {entry.pool!r}) via "
+                                                               f"agent {chosen.agent}: {exc.reason}") from None
+            if not first and length:
+                raise Refusal(502, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: the body "
+                                   f"ended after 0 of {length} bytes")
         await resp.prepare(request)
         received = 0
         try:
             async with asyncio.timeout_at(self._loop_deadline(deadline)):
-                while chunk := await stream.read():
+                chunk = first
+                while chunk:
                     received += len(chunk)
                     await resp.write(chunk)
+                    chunk = await stream.read()
             if length is not None and not no_body and received != length:
                 raise StreamReset(wire.ResetCode.UPSTREAM_BROKEN,
                                   f"body ended after {received} of {length} bytes", remote=True)

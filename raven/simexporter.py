@@ -9,7 +9,7 @@ of the node name, so a node always looks the same across runs.
 (``127.0.0.2:9400``, ``127.0.0.3:9400``, ... -- on Linux all of 127.0.0.0/8 is local).
 Bodies are rendered once per ``refresh`` interval, together with a gzip copy, so a
 request costs no rendering. Faults can be injected per node at run time with
-``set_mode``: ``stall``, ``break``, ``slow``, ``refuse``, ``error`` and back to ``ok``.
+``set_mode``: ``stall``, ``break``, ``cut``, ``slow``, ``refuse``, ``error`` and back to ``ok``.
 
 Run standalone::
 
@@ -62,7 +62,7 @@ REFRESH_SECONDS: Final = 5.0
 SLOW_CHUNK: Final = 1024
 SLOW_DELAY: Final = 0.05
 
-Mode = Literal["ok", "stall", "break", "slow", "refuse", "error"]
+Mode = Literal["ok", "stall", "break", "cut", "slow", "refuse", "error"]
 MODES: Final[tuple[str, ...]] = get_args(Mode)
 
 # PCI bus ids of the eight GPUs of an HGX H100 board, in nvidia-smi order.
@@ -620,7 +620,7 @@ class SimExporter:
         use_gzip = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
         body = gzipped if use_gzip else plain
         headers = state.gzip_headers if use_gzip else state.plain_headers
-        if mode == "ok" or (request.method == "HEAD" and mode in ("break", "slow")):
+        if mode == "ok" or (request.method == "HEAD" and mode in ("break", "cut", "slow")):
             return web.Response(body=body, headers=headers)
         if mode == "error":
             return web.Response(status=500, body=_ERROR_BODY, content_type="text/plain")
@@ -629,6 +629,8 @@ class SimExporter:
             return web.Response(status=503)
         if mode == "break":
             return await self._break(request, body, headers)
+        if mode == "cut":
+            return await self._cut(request, headers)
         return await self._slow(request, body, headers)
 
     async def _stall(self, request: web.BaseRequest) -> None:
@@ -660,6 +662,21 @@ class SimExporter:
                 transport.abort()
         except ConnectionError:
             pass
+        return response
+
+    async def _cut(self, request: web.BaseRequest, headers: dict[str, str]) -> web.StreamResponse:
+        """A 200 head with a Content-Length, then a reset connection: not one body byte."""
+        response = web.StreamResponse(headers=headers)
+        response.content_length = 1024
+        with contextlib.suppress(ConnectionError):
+            await response.prepare(request)
+            transport = request.transport
+            for _ in range(100):
+                if transport is None or transport.get_write_buffer_size() == 0:
+                    break
+                await asyncio.sleep(0.01)
+            if transport is not None:
+                transport.abort()
         return response
 
     async def _slow(self, request: web.BaseRequest, body: bytes, headers: dict[str, str]) -> web.StreamResponse:

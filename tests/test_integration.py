@@ -357,11 +357,29 @@ async def test_exporter_breaking_mid_body_breaks_the_response(bed: Bed) -> None:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
             async with http.get(f"http://edge-a-1:{bed.port}/metrics", proxy=bed.cluster.front_url) as resp:
+                if resp.status == 502:
+                    # The break came before any body bytes reached the gateway (the reset can overtake
+                    # the half body): nothing was sent yet, so the client gets a clean 502 that says why.
+                    assert "edge-a-1" in await resp.text()
+                    return
                 assert resp.status == 200
                 _, broken = await _read_until_broken(resp)
         assert broken
     finally:
         bed.exporter.set_mode("edge-a-1", "ok")
+
+
+async def test_a_response_cut_before_its_body_is_a_clean_502(bed: Bed) -> None:
+    # The node sends a 200 head and resets before any body byte: nothing has reached the client
+    # yet, so the gateway still answers with a status and a reason instead of a bare reset.
+    bed.exporter.set_mode("edge-a-2", "cut")
+    try:
+        status, headers, body = await fetch(bed, "edge-a-2", timeout=10)
+    finally:
+        bed.exporter.set_mode("edge-a-2", "ok")
+    assert status == 502
+    assert b"edge-a-2" in body and b"pool-a" in body
+    assert "edge-a-2" in headers["X-Raven-Error"]
 
 
 async def test_slow_reader_does_not_stall_its_session(bed: Bed) -> None:
