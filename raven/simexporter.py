@@ -627,10 +627,8 @@ class SimExporter:
         if mode == "stall":
             await self._stall(request)
             return web.Response(status=503)
-        if mode == "break":
-            return await self._break(request, body, headers)
-        if mode == "cut":
-            return await self._cut(request, headers)
+        if mode in ("break", "cut"):  # cut: the head alone, not one body byte
+            return await self._break(request, body, headers, len(body) // 2 if mode == "break" else 0)
         return await self._slow(request, body, headers)
 
     async def _stall(self, request: web.BaseRequest) -> None:
@@ -645,32 +643,18 @@ class SimExporter:
         if transport is not None:
             transport.abort()
 
-    async def _break(self, request: web.BaseRequest, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
-        """Full Content-Length, about half the body, then a reset connection."""
+    async def _break(
+        self, request: web.BaseRequest, body: bytes, headers: dict[str, str], keep: int
+    ) -> web.StreamResponse:
+        """Full Content-Length, the first ``keep`` bytes of the body, then a reset connection."""
         response = web.StreamResponse(headers=headers)
         response.content_length = len(body)
-        try:
-            await response.prepare(request)
-            await response.write(body[: len(body) // 2])
-            transport = request.transport
-            # Let the half body leave before the reset, or abort() would discard it.
-            for _ in range(100):
-                if transport is None or transport.get_write_buffer_size() == 0:
-                    break
-                await asyncio.sleep(0.01)
-            if transport is not None:
-                transport.abort()
-        except ConnectionError:
-            pass
-        return response
-
-    async def _cut(self, request: web.BaseRequest, headers: dict[str, str]) -> web.StreamResponse:
-        """A 200 head with a Content-Length, then a reset connection: not one body byte."""
-        response = web.StreamResponse(headers=headers)
-        response.content_length = 1024
         with contextlib.suppress(ConnectionError):
             await response.prepare(request)
+            if keep:
+                await response.write(body[:keep])
             transport = request.transport
+            # Let what was written leave before the reset, or abort() would discard it.
             for _ in range(100):
                 if transport is None or transport.get_write_buffer_size() == 0:
                     break
