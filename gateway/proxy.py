@@ -49,7 +49,8 @@ HOP_BY_HOP = frozenset(
 DEADLINE_HEADER = "x-raven-timeout-ms"
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
-# Status for a stream reset that arrives before the response head.
+# Status for a stream reset that arrives before anything reached the client
+# (before HEAD, or before the first body bytes).
 RESET_STATUS: dict[int, int] = {
     wire.ResetCode.CONNECT_FAILED: 502,
     wire.ResetCode.REFUSED: 502,
@@ -354,6 +355,9 @@ class Proxy:
                 return await self._relay_response(request, target, entry, stream, head, chosen, deadline, start)
             finally:
                 stream.close()
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(entry.pool, "http", "cancelled").inc()  # the client left, or shutdown
+            raise
         finally:
             self._unclaim(target.node)
 
@@ -400,7 +404,8 @@ class Proxy:
         received = 0
         try:
             async with asyncio.timeout_at(self._loop_deadline(deadline)):
-                chunk = first
+                # Without a body, still wait for the FIN (normally already here) so the stream ends cleanly.
+                chunk = await stream.read() if no_body else first
                 while chunk:
                     received += len(chunk)
                     await resp.write(chunk)

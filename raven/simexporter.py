@@ -659,6 +659,10 @@ class SimExporter:
                 if transport is None or transport.get_write_buffer_size() == 0:
                     break
                 await asyncio.sleep(0.01)
+            if keep:
+                # and give the client a moment to read it: a reset that overtakes unread data
+                # makes many clients (aiohttp among them) drop that data.
+                await asyncio.sleep(0.2)
             if transport is not None:
                 transport.abort()
         return response

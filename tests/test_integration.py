@@ -220,6 +220,34 @@ async def test_scrape_timeout_header_gives_504(bed: Bed) -> None:
         bed.exporter.set_mode("edge-a-2", "ok")
 
 
+async def test_a_client_leaving_while_the_node_is_silent_cancels_the_stream(bed: Bed) -> None:
+    port = bed.cluster.gateway_metrics_port
+    key = (("code", "cancelled"), ("kind", "http"), ("pool", "pool-a"))
+    before = (await metric_values(port, "raven_gateway_requests_total")).get(key, 0.0)
+    bed.exporter.set_mode("edge-a-2", "stall")
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.front_port)
+        try:
+            writer.write(f"GET /metrics HTTP/1.1\r\nHost: edge-a-2:{bed.port}\r\n\r\n".encode())
+            await writer.drain()
+
+            async def stream_open() -> bool:
+                return sum((await metric_values(port, "raven_gateway_streams_in_flight")).values()) == 1
+
+            await wait_for(stream_open, 5)
+        finally:
+            writer.close()
+
+        async def counted_and_released() -> bool:
+            counted = (await metric_values(port, "raven_gateway_requests_total")).get(key, 0.0) == before + 1
+            streams = sum((await metric_values(port, "raven_gateway_streams_in_flight")).values())
+            return counted and streams == 0
+
+        await wait_for(counted_and_released, 5)
+    finally:
+        bed.exporter.set_mode("edge-a-2", "ok")
+
+
 async def test_no_agent_for_pool_is_503(bed: Bed) -> None:
     pool = bed.pools["pool-b"]
     agent = bed.cluster.agents["agent-pool-b-1"]
@@ -363,8 +391,8 @@ async def test_exporter_breaking_mid_body_breaks_the_response(bed: Bed) -> None:
                     assert "edge-a-1" in await resp.text()
                     return
                 assert resp.status == 200
-                _, broken = await _read_until_broken(resp)
-        assert broken
+                got, broken = await _read_until_broken(resp)
+        assert broken and got > 0
     finally:
         bed.exporter.set_mode("edge-a-1", "ok")
 
