@@ -49,9 +49,16 @@ class Agent:
         self.metrics = AgentMetrics()
         ident = pki.load_identity(cfg.tls.cert)
         self.name = cfg.name or ident.agent or ident.common_name
-        if cfg.pool not in ident.pools:
-            allowed = ", ".join(ident.pools) or "none"
+        allowed = ", ".join(ident.pools) or "none"
+        if cfg.pool is None:
+            if len(ident.pools) != 1:
+                raise pki.PKIError(f"pool: not set, and certificate {cfg.tls.cert} names {len(ident.pools)} pools "
+                                   f"({allowed}): set the pool this agent serves")
+            self.pool: str = ident.pools[0]
+        elif cfg.pool not in ident.pools:
             raise pki.PKIError(f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {allowed})")
+        else:
+            self.pool = cfg.pool
         self.reloader = CertReloader(cfg.tls, server=False)
         self.sessions: set[Session] = set()
         self.replica_sessions: dict[str, Session] = {}
@@ -87,13 +94,13 @@ class Agent:
 
     def set_kube_nodes(self, nodes: dict[str, KubeNode]) -> None:
         """The pool's Node objects changed: serve them (plus the static list) and re-register everywhere."""
-        found = {n.name: n.addresses[0] for n in nodes.values() if n.pool == self.cfg.pool and n.addresses}
+        found = {n.name: n.addresses[0] for n in nodes.values() if n.pool == self.pool and n.addresses}
         merged = {**found, **self._static_nodes}
         first = not self._kube_synced.is_set()
         self._kube_synced.set()
         if merged == self._nodes and not first:
             return
-        log.info("pool %s now has %d node(s) (%d from Node objects)", self.cfg.pool, len(merged), len(found))
+        log.info("pool %s now has %d node(s) (%d from Node objects)", self.pool, len(merged), len(found))
         self._nodes = merged
         register = wire.Register(self.node_infos())
         for session in list(self.sessions):
@@ -109,14 +116,14 @@ class Agent:
             log.error("cannot watch Nodes, serving only the static node list: %s", exc)
             return
         try:
-            selector = ",".join(p for p in (f"{k.pool_label}={self.cfg.pool}", k.node_selector) if p)
+            selector = ",".join(p for p in (f"{k.pool_label}={self.pool}", k.node_selector) if p)
             watcher = NodeWatcher(api, k.pool_label, selector, on_change=self.set_kube_nodes)
             await watcher.run()
         finally:
             await api.close()
 
     def node_infos(self) -> tuple[wire.NodeInfo, ...]:
-        return tuple(wire.NodeInfo(name, addr, self.cfg.pool) for name, addr in sorted(self._nodes.items()))
+        return tuple(wire.NodeInfo(name, addr, self.pool) for name, addr in sorted(self._nodes.items()))
 
     # ------------------------------------------------------------ one session
 
@@ -217,7 +224,7 @@ class Agent:
         self.metrics.sessions.set(len(self.sessions))
         log.info(
             "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
-            welcome.replica, welcome.replicas, session_id[:8], len(self._nodes), self.cfg.pool,
+            welcome.replica, welcome.replicas, session_id[:8], len(self._nodes), self.pool,
         )
         try:
             await session.run(messages(ws))
@@ -372,7 +379,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         host = urlsplit(self.cfg.gateway.url).hostname
-        log.info("agent %s (pool %s) starting: gateway %s, %d node(s), ports %s", self.name, self.cfg.pool,
+        log.info("agent %s (pool %s) starting: gateway %s, %d node(s), ports %s", self.name, self.pool,
                  host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
         kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
         try:

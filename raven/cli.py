@@ -225,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(ag)
     ag.add_argument("--gateway-url", metavar="WSS_URL", help="gateway tunnel URL (gateway.url)")
-    ag.add_argument("--pool", help="the edge pool this agent serves (must be in its certificate)")
+    ag.add_argument("--pool", help="the edge pool this agent serves (one of its certificate's pools; default: the "
+                    "certificate's pool when it names only one)")
     ag.add_argument("--name", help="agent identity (default: from the certificate)")
     ag.set_defaults(func=cmd_agent)
 

@@ -213,7 +213,9 @@ class AgentGateway(_Model):
 
 class AgentConfig(_Model):
     name: str | None = Field(None, description="agent identity; defaults to the certificate's agent name")
-    pool: PoolName
+    pool: PoolName | None = Field(
+        None, description="the edge pool this agent serves; defaults to the certificate's pool when it names one"
+    )
     gateway: AgentGateway = AgentGateway()
     nodes: list[AgentNode] = Field(default_factory=list)
     allowed_ports: list[Port] = Field(default_factory=lambda: [9100, 9400])

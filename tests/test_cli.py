@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.service import Agent
 from raven import pki
 from raven.cli import main
 from raven.config import AgentConfig, ConfigError, GatewayConfig, build
@@ -82,6 +83,18 @@ def test_agent_refuses_a_pool_outside_its_certificate(certs: Path) -> None:
     out = run("agent", "--config", str(path))
     assert out.returncode == 1
     assert "pool 'pool-b' is not in certificate" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_agent_pool_defaults_to_its_certificates_only_pool(certs: Path) -> None:
+    path = certs / "agent.yaml"
+    path.write_text("tls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\n")
+    assert Agent(build(AgentConfig, path, environ={})).pool == "pool-a"
+    pki.issue(certs, certs, "agent", "a2", pools=["pool-a", "pool-b"])
+    path.write_text("tls: {cert: a2.pem, key: a2-key.pem, ca: ca.pem}\n")
+    out = run("agent", "--config", str(path))
+    assert out.returncode == 1
+    assert "names 2 pools (pool-a, pool-b): set the pool this agent serves" in out.stderr
     assert "Traceback" not in out.stderr
 
 
