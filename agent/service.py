@@ -405,4 +405,10 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     if isinstance(exc, aiohttp.WSServerHandshakeError):
         return f"handshake refused with HTTP {exc.status}: {exc.message}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # With TLS 1.3 the gateway checks the client certificate after the client's side of the
+        # handshake is done: a refused certificate shows here only as a closed connection.
+        return ("the gateway closed the connection during the TLS/WebSocket handshake; if this repeats, it "
+                "probably refused this agent's certificate (not signed by the gateway's CA, or expired): see the "
+                "gateway's log")
     return str(exc) or repr(exc)

@@ -39,8 +39,8 @@ class Gateway:
         self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
                                     ready=lambda: self.kube_synced and self.ready()[0])
         self.registry.on_change = self.hosts.changed
-        self.reloader = CertReloader(cfg.tls, server=True)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
+        self.reloader = CertReloader(cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed)
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
         self._runners: list[web.BaseRunner] = []
         self._background: list[asyncio.Task[None]] = []

@@ -28,6 +28,28 @@ class TunnelEndpoint:
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self.handlers: set[asyncio.Task[None]] = set()
         self.last_session_at = time.monotonic()
+        self._tls_logged: dict[str, tuple[float, int]] = {}
+
+    TLS_LOG_EVERY = 60.0  # seconds: the same TLS failure is logged once per interval, with a count
+
+    def tls_failed(self, exc: ssl.SSLError) -> None:
+        """A TLS handshake on the tunnel port failed (called from the TLS layer, no peer address known)."""
+        reason = str(exc.reason or type(exc).__name__)
+        self.metrics.handshake_failures.labels(f"tls {reason}"[:40]).inc()
+        now = time.monotonic()
+        last, suppressed = self._tls_logged.get(reason, (-self.TLS_LOG_EVERY, 0))
+        if now - last < self.TLS_LOG_EVERY:
+            self._tls_logged[reason] = (last, suppressed + 1)
+            return
+        self._tls_logged[reason] = (now, 0)
+        detail = getattr(exc, "verify_message", "") or reason
+        hint = ""
+        if reason == "CERTIFICATE_VERIFY_FAILED":
+            hint = " (a client certificate not signed by this gateway's CA, or expired)"
+        elif reason in ("HTTP_REQUEST", "WRONG_VERSION_NUMBER"):
+            hint = " (plain HTTP or another protocol sent to the TLS tunnel port)"
+        more = f"; {suppressed} more like it in the last {self.TLS_LOG_EVERY:.0f}s" if suppressed else ""
+        log.warning("TLS handshake on the tunnel port failed: %s%s%s", detail, hint, more)
 
     def _refuse(self, peer: str, reason: str, status: int) -> web.Response:
         log.warning("tunnel handshake from %s refused: %s", peer, reason)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from raven.aio import cancel_and_wait
@@ -51,6 +52,29 @@ def client_context(cfg: TLSConfig) -> ssl.SSLContext:
     return ctx
 
 
+HandshakeErrorHook = Callable[[ssl.SSLError], None]
+
+
+def reporting_sslobject(report: HandshakeErrorHook) -> type[ssl.SSLObject]:
+    """An SSLObject class that hands every failed handshake to ``report`` before raising.
+
+    asyncio and uvloop log a failed server-side handshake only in debug mode; without this a
+    client certificate from the wrong CA, or plain HTTP sent to the tunnel port, leaves no trace.
+    """
+
+    class ReportingSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise
+            except ssl.SSLError as exc:
+                report(exc)
+                raise
+
+    return ReportingSSLObject
+
+
 def _stamp(paths: tuple[Path, ...]) -> tuple[float, ...]:
     out = []
     for p in paths:
@@ -70,7 +94,7 @@ class CertReloader:
     handshake to the current context. Established sessions are not touched.
     """
 
-    def __init__(self, cfg: TLSConfig, server: bool) -> None:
+    def __init__(self, cfg: TLSConfig, server: bool, on_handshake_error: HandshakeErrorHook | None = None) -> None:
         self.cfg = cfg
         self.server = server
         self._build = server_context if server else client_context
@@ -81,6 +105,8 @@ class CertReloader:
         if server:
             self.listener = self._build(cfg)
             self.listener.sni_callback = self._select
+            if on_handshake_error is not None:
+                self.listener.sslobject_class = reporting_sslobject(on_handshake_error)
         self._task: asyncio.Task[None] | None = None
 
     def _select(self, ssl_obj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:

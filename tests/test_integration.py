@@ -8,13 +8,14 @@ import signal
 import ssl
 import time
 import uuid
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from raven import wire
+from raven import pki, wire
 from raven.config import TLSConfig
 from raven.tls import client_context, server_context
 from tests.conftest import Bed
@@ -292,6 +293,30 @@ async def _next_control(ws: aiohttp.ClientWebSocketResponse) -> wire.Frame:
         frame = wire.decode(msg.data)
         if not isinstance(frame, wire.Ping | wire.Pong):
             return frame
+
+
+async def test_an_agent_certificate_from_another_ca_is_logged_and_counted(bed: Bed, tmp_path: Path) -> None:
+    pki.create_ca(tmp_path)
+    pki.issue(tmp_path, tmp_path, "agent", "agent-pool-a-1", pools=["pool-a"])
+    certs = bed.cluster.certs
+    ctx = client_context(TLSConfig(cert=tmp_path / "agent-pool-a-1.pem", key=tmp_path / "agent-pool-a-1-key.pem",
+                                   ca=certs / "ca.pem"))
+    port = bed.cluster.gateway_metrics_port
+    key = (("reason", "tls CERTIFICATE_VERIFY_FAILED"),)
+    before = (await metric_values(port, "raven_gateway_handshake_failures_total")).get(key, 0.0)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientError):
+            async with http.ws_connect(f"wss://127.0.0.1:{bed.cluster.tunnel_port}/tunnel", ssl=ctx,
+                                       server_hostname="raven-gateway"):
+                pass
+
+    async def counted() -> bool:
+        values = await metric_values(port, "raven_gateway_handshake_failures_total")
+        return values.get(key, 0.0) >= before + 1
+
+    await wait_for(counted, 5)
+    log = (bed.cluster.workdir / "gateway.log").read_text(errors="replace")
+    assert "TLS handshake on the tunnel port failed: unable to get local issuer certificate" in log
 
 
 async def test_impersonation_is_refused(bed: Bed) -> None:
