@@ -44,6 +44,33 @@ def raise_fd_limit() -> None:
         log.warning("could not raise the open-files limit: %s", exc)
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD = 128 * 1024
+
+
+def fix_mmap_threshold() -> None:
+    """Keep large allocations in their own mappings (glibc), so an idle TLS session costs little.
+
+    uvloop gives every TLS connection a 256 KiB read buffer of which an idle session touches a
+    page or two. glibc's default *dynamic* mmap threshold soon moves such blocks onto the heap,
+    where freed and reused pages stay resident; a fixed 128 KiB threshold keeps each in its own
+    mapping (untouched pages cost no memory): about 4 KiB less per idle session with 1,000 agents.
+    The data path allocates nothing that large (DATA frames are at most 64 KiB). A
+    MALLOC_MMAP_THRESHOLD_ set by the operator wins; elsewhere than glibc this does nothing.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = getattr(libc, "mallopt", None)
+        if mallopt is not None and not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+            log.debug("mallopt(M_MMAP_THRESHOLD) was refused")
+    except OSError as exc:
+        log.debug("cannot set the mmap threshold: %s", exc)
+
+
 def run_async(coro: Coroutine[Any, Any, int]) -> int:
     """Run on uvloop when it is installed, else on the stock event loop."""
     raise_fd_limit()
@@ -89,6 +116,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         print(cfg.model_dump_json(indent=2))
         return 0
     setup_logging(cfg.log_level)
+    fix_mmap_threshold()
     from gateway.service import Gateway
 
     async def main() -> int:
