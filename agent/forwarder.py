@@ -49,7 +49,9 @@ class Forwarder:
         default_timeout: float,
         connections_per_node: int,
         draining: Callable[[], bool],
+        pool: str = "",
     ) -> None:
+        self.pool = pool
         self.nodes = nodes
         self.allowed_ports = allowed_ports
         self.metrics = metrics
@@ -132,7 +134,7 @@ class Forwarder:
             log.error("stream handler failed: %r", task.exception())
 
     def _refuse(self, stream: Stream, code: wire.ResetCode, reason: str, label: str) -> None:
-        log.warning("refused stream for %s:%d: %s", stream.open.node, stream.open.port, reason)
+        log.warning("refused stream for %s:%d (pool %s): %s", stream.open.node, stream.open.port, self.pool, reason)
         self.metrics.refused.labels(label).inc()
         stream.reset(code, reason)
 
@@ -248,11 +250,18 @@ class Forwarder:
             raise
         finally:
             stream.close()
+            self.metrics.requests.labels(frame.node, "tcp", code).inc()
             if writer is not None:
                 writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
-            self.metrics.requests.labels(frame.node, "tcp", code).inc()
+                try:
+                    # A node that stopped reading keeps unsent bytes buffered and the close pending.
+                    async with asyncio.timeout(self.connect_timeout):
+                        await writer.wait_closed()
+                except asyncio.CancelledError:
+                    writer.transport.abort()
+                    raise
+                except Exception:  # timed out, or the connection was already broken
+                    writer.transport.abort()
 
 
 async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -80,6 +80,7 @@ class Agent:
             default_timeout=cfg.request_timeout,
             connections_per_node=cfg.upstream_connections_per_node,
             draining=lambda: self.draining,
+            pool=self.pool,
         )
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self._rng = random.Random()

@@ -197,11 +197,12 @@ class Proxy:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         start = time.monotonic()
-        pool = "-"
+        pool = node = "-"
         kind = "http"
         try:
             target = parse_target(request)
             kind = target.kind.name.lower()
+            node = target.node
             if target.port not in self.allowed_ports:
                 allowed = ", ".join(str(p) for p in sorted(self.allowed_ports))
                 raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
@@ -216,7 +217,7 @@ class Proxy:
                 return await self._connect(request, target, found.entry, deadline, start)
             return await self._http(request, target, found.entry, deadline, start)
         except Refusal as ref:
-            return self._refuse(request, ref, pool, kind, start)
+            return self._refuse(request, ref, node, pool, kind, start)
 
     def _timeout(self, request: web.BaseRequest) -> float:
         timeout = self.cfg.request_timeout
@@ -230,8 +231,11 @@ class Proxy:
                 timeout = value
         return timeout
 
-    def _refuse(self, request: web.BaseRequest, ref: Refusal, pool: str, kind: str, start: float) -> web.Response:
-        log.warning("%s %s -> %d: %s", request.method, request.raw_path[:200], ref.status, ref.reason)
+    def _refuse(
+        self, request: web.BaseRequest, ref: Refusal, node: str, pool: str, kind: str, start: float
+    ) -> web.Response:
+        log.warning("%s %s -> %d (node %s, pool %s): %s", request.method, request.raw_path[:200], ref.status, node,
+                    pool, ref.reason)
         self.metrics.requests.labels(pool, kind, str(ref.status)).inc()
         self.metrics.latency.labels(pool).observe(time.monotonic() - start)
         return web.Response(
@@ -283,7 +287,8 @@ class Proxy:
             try:
                 stream = chosen.session.open_stream(open_frame)
             except StreamReset as exc:
-                last = Refusal(503, f"agent {chosen.agent}: {exc.reason}")
+                last = Refusal(503, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: "
+                                    f"{exc.reason}")
                 continue
             except (ValueError, wire.ProtocolError) as exc:
                 raise Refusal(400, f"request cannot be carried: {exc}") from None

@@ -51,9 +51,9 @@ class TunnelEndpoint:
         more = f"; {suppressed} more like it in the last {self.TLS_LOG_EVERY:.0f}s" if suppressed else ""
         log.warning("TLS handshake on the tunnel port failed: %s%s%s", detail, hint, more)
 
-    def _refuse(self, peer: str, reason: str, status: int) -> web.Response:
+    def _refuse(self, peer: str, reason: str, status: int, label: str | None = None) -> web.Response:
         log.warning("tunnel handshake from %s refused: %s", peer, reason)
-        self.metrics.handshake_failures.labels(reason.split(":")[0][:40]).inc()
+        self.metrics.handshake_failures.labels(label or reason.split(":")[0][:40]).inc()
         return web.Response(status=status, text=reason + "\n")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -69,7 +69,8 @@ class TunnelEndpoint:
         except pki.PKIError as exc:
             return self._refuse(peer, f"unreadable client certificate: {exc}", 403)
         if ident.role != "agent" or not ident.pools:
-            return self._refuse(peer, f"certificate {ident.common_name!r} is not an agent certificate with pools", 403)
+            return self._refuse(peer, f"certificate {ident.common_name!r} is not an agent certificate with pools", 403,
+                                label="not-an-agent-certificate")
 
         ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame, compress=False, autoping=True)
         await ws.prepare(request)
@@ -106,7 +107,8 @@ class TunnelEndpoint:
             return None
         expected = ident.agent or ident.common_name
         if hello.agent != expected:
-            await self._goaway(ws, f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}")
+            await self._goaway(ws, f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}",
+                               label="hello-agent-mismatch")
             return None
         if wire.PROTOCOL_VERSION not in hello.versions:
             await self._goaway(
@@ -115,9 +117,10 @@ class TunnelEndpoint:
             return None
         return hello
 
-    async def _goaway(self, ws: web.WebSocketResponse, reason: str) -> None:
+    async def _goaway(self, ws: web.WebSocketResponse, reason: str, label: str | None = None) -> None:
         log.warning("closing tunnel: %s", reason)
-        self.metrics.handshake_failures.labels(reason.split(":")[0][:40]).inc()
+        # The label must not carry peer-chosen text (one series per value): callers pass a fixed one.
+        self.metrics.handshake_failures.labels(label or reason.split(":")[0][:40]).inc()
         try:
             async with asyncio.timeout(2):
                 await ws.send_bytes(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, reason)))

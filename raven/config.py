@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -78,10 +79,22 @@ class TLSConfig(_Model):
 class TunnelLimits(_Model):
     window: int = Field(256 * 1024, ge=16 * 1024, le=16 * 1024 * 1024, description="per-stream receive window")
     max_streams_per_session: int = Field(1024, ge=1, le=1 << 20)
-    max_frame: int = Field(1 << 20, ge=64 * 1024, le=16 << 20)
-    heartbeat_interval: Seconds = 3.0
-    heartbeat_timeout: Seconds = 10.0
+    max_frame: int = Field(
+        1 << 20, ge=256 * 1024, le=16 << 20,
+        description="largest tunnel message; must hold a full DATA frame (64 KiB) and an OPEN with 64 KiB of headers",
+    )
+    heartbeat_interval: float = Field(3.0, gt=0, le=3600, description="PING after this long without traffic")
+    heartbeat_timeout: float = Field(10.0, gt=0, le=3600, description="a session silent this long is dead")
     handshake_timeout: Seconds = 10.0
+
+    @model_validator(mode="after")
+    def _timeout_covers_interval(self) -> TunnelLimits:
+        if self.heartbeat_timeout < 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must be at least twice heartbeat_interval "
+                f"({self.heartbeat_interval:g}s), or a healthy session would be taken for dead"
+            )
+        return self
 
 
 class GatewayTunnel(_Model):
@@ -145,7 +158,7 @@ class HostsSettings(_Model):
 
 class GatewayConfig(_Model):
     replica_id: str = Field(default_factory=socket.gethostname)
-    replicas: int = Field(1, ge=1, description="how many gateway replicas serve this Service")
+    replicas: int = Field(1, ge=1, le=1 << 16, description="how many gateway replicas serve this Service")
     tunnel: GatewayTunnel = GatewayTunnel()
     front: GatewayFront = GatewayFront()
     metrics_listen: HostPort = "0.0.0.0:10265"
@@ -178,9 +191,24 @@ class GatewayConfig(_Model):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _node_address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if len(value) <= 253 and all(_LABEL.fullmatch(label) for label in value.rstrip(".").split(".")):
+        return value
+    raise ValueError(f"{value!r} is neither an IP address nor a host name")
+
+
 class AgentNode(_Model):
     name: NodeName
-    address: str = Field(description="IP address or resolvable name of the node inside the edge network")
+    address: Annotated[str, AfterValidator(_node_address)] = Field(
+        description="IP address or resolvable name of the node inside the edge network"
+    )
 
 
 class AgentGateway(_Model):

@@ -51,7 +51,7 @@ class KubeApiError(KubeError):
 # client
 
 
-async def api_client(kubeconfig: Path | None) -> ApiClient:
+async def api_client(kubeconfig: Path | None, timeout: float = 30.0) -> ApiClient:
     """An ApiClient (the caller closes it): in-cluster service account when ``kubeconfig`` is None, else that file.
 
     The configuration is private to this client (the library's process-wide default is left alone), and a kubeconfig
@@ -66,9 +66,16 @@ async def api_client(kubeconfig: Path | None) -> ApiClient:
             # the library would only say "Expected key current-context" for a missing file
             if not await asyncio.to_thread(kubeconfig.is_file):
                 raise KubeError(f"kubeconfig {kubeconfig}: no such file")
-            await config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg, persist_config=False)
+            # An exec credential plugin runs here, with no deadline of the library's own.
+            async with asyncio.timeout(timeout):
+                await config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg,
+                                              persist_config=False)
     except KubeError:
         raise
+    except TimeoutError:
+        raise KubeError(
+            f"loading kubeconfig {kubeconfig} took over {timeout:g}s (a credential plugin that hangs?)"
+        ) from None
     except Exception as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster configuration"
         hint = "" if kubeconfig is not None else " (not running in a pod? pass a kubeconfig)"
@@ -96,13 +103,17 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
 async def _call_json(
     func: Callable[..., Awaitable[Any]], *args: Any, timeout: float, **kwargs: Any
 ) -> dict[str, Any]:
-    """Call an API method without the library's models and return the JSON body; KubeApiError on error statuses."""
-    resp: aiohttp.ClientResponse = await func(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-    try:
-        await _check(resp)
-        text = await resp.text()
-    finally:
-        resp.release()
+    """Call an API method without the library's models and return the JSON body; KubeApiError on error statuses.
+
+    ``timeout`` bounds the whole call, a credential refresh (exec plugin) included, not just the HTTP request.
+    """
+    async with asyncio.timeout(timeout):
+        resp: aiohttp.ClientResponse = await func(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+        try:
+            await _check(resp)
+            text = await resp.text()
+        finally:
+            resp.release()
     try:
         body = json.loads(text)
     except ValueError as exc:
@@ -251,17 +262,18 @@ class NodeWatcher:
         """One WATCH request; returns the number of events handled when the server ends it."""
         self.watches += 1
         list_node: Callable[..., Awaitable[Any]] = self._v1.list_node  # typed for the model, not a raw response
-        resp: aiohttp.ClientResponse = await list_node(
-            watch=True,
-            label_selector=self.label_selector,
-            resource_version=self.resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.watch_timeout,
-            _preload_content=False,
-            # the server ends the watch; this only catches a connection that went silent
-            _request_timeout=aiohttp.ClientTimeout(sock_connect=self.request_timeout,
-                                                   sock_read=self.watch_timeout + 30),
-        )
+        async with asyncio.timeout(self.request_timeout):  # opening it (and any credential refresh), not the stream
+            resp: aiohttp.ClientResponse = await list_node(
+                watch=True,
+                label_selector=self.label_selector,
+                resource_version=self.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout,
+                _preload_content=False,
+                # the server ends the watch; this only catches a connection that went silent
+                _request_timeout=aiohttp.ClientTimeout(sock_connect=self.request_timeout,
+                                                       sock_read=self.watch_timeout + 30),
+            )
         count = 0
         try:
             if resp.status == 410:

@@ -281,6 +281,7 @@ class Session:
         "_ping_sent",
         "_ping_seq",
         "_room_waiters",
+        "_send_since",
         "_tasks",
         "_writer_retire",
         "_writer_task",
@@ -307,6 +308,8 @@ class Session:
 
     HIGH_WATER = 1 << 20  # bytes queued for the socket before writers wait
     LOW_WATER = 256 * 1024
+    HARD_LIMIT = 4 << 20  # frames that do not wait (replies, heads, resets) beyond this: the peer is not reading
+    MAX_DIRECT_SENDS = 4  # PING/PONG sends in flight while the writer is idle; more are dropped
 
     def __init__(
         self,
@@ -343,6 +346,7 @@ class Session:
         self._writer_task: asyncio.Task[None] | None = None
         self._out_waiter: asyncio.Future[None] | None = None
         self._writer_retire = False
+        self._send_since = 0.0  # when the writer's current send began; 0 when it is not sending
         self._last_traffic = 0.0  # when a frame other than PING/PONG was last queued
         self._direct_sends: set[asyncio.Task[None]] = set()
         self._room_waiters: list[asyncio.Future[None]] = []
@@ -431,6 +435,11 @@ class Session:
             return
         if not heartbeat:
             self._last_traffic = self.loop.time()
+        if self._out_bytes + len(message) > self.HARD_LIMIT:
+            log.warning("session %s: %d bytes queued and the peer is not reading them: closing", self.name,
+                        self._out_bytes)
+            self._close_soon(f"peer not reading: over {self.HARD_LIMIT} bytes queued")
+            return
         self._out.append(message)
         self._out_bytes += len(message)
         if self._writer_task is None:
@@ -467,7 +476,9 @@ class Session:
                         self._out_waiter = None
                     continue
                 message = self._out.popleft()
+                self._send_since = self.loop.time()  # watched by _tick: a send stuck past the deadline ends the session
                 await self.sink.send(message)
+                self._send_since = 0.0
                 self._out_bytes -= len(message)
                 if self._room_waiters and self._out_bytes <= self.LOW_WATER:
                     waiters, self._room_waiters = self._room_waiters, []
@@ -634,6 +645,12 @@ class Session:
                         self.heartbeat_timeout)
             self._close_soon(f"heartbeat timeout: peer silent for {silent:.1f}s")
             return
+        stuck = now - self._send_since if self._send_since else 0.0
+        if stuck > self.heartbeat_timeout:
+            log.warning("session %s: a send made no progress for %.1fs (deadline %.1fs): closing", self.name, stuck,
+                        self.heartbeat_timeout)
+            self._close_soon(f"peer not reading: a send made no progress for {stuck:.1f}s")
+            return
         waiter = self._out_waiter
         if waiter is not None and not waiter.done() and now - self._last_traffic >= self.heartbeat_interval:
             self._writer_retire = True  # idle for an interval: the writer task ends (an idle session has none)
@@ -649,13 +666,18 @@ class Session:
         if self._writer_task is not None and not self._writer_retire:
             self._enqueue(message, heartbeat=True)
             return
+        if len(self._direct_sends) >= self.MAX_DIRECT_SENDS:
+            return  # a peer pinging faster than it reads gets fewer PONGs, not more memory
         task = self.loop.create_task(self._send_direct(message))
         self._direct_sends.add(task)
         task.add_done_callback(self._direct_sends.discard)
 
     async def _send_direct(self, message: bytes) -> None:
         try:
-            await self.sink.send(message)
+            async with asyncio.timeout(self.heartbeat_timeout):
+                await self.sink.send(message)
+        except TimeoutError:
+            self._close_soon(f"peer not reading: a send made no progress for {self.heartbeat_timeout:g}s")
         except Exception as exc:
             self._close_soon(f"send failed: {exc!r}")
 

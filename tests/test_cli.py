@@ -63,6 +63,26 @@ def test_invalid_config_names_the_field(certs: Path) -> None:
     assert "bogus" in text
 
 
+def test_settings_the_wire_or_the_heartbeat_cannot_honour_are_refused(certs: Path) -> None:
+    path = certs / "agent.yaml"
+    path.write_text(
+        "pool: pool-a\nnodes: [{name: edge-1, address: 10.0.0.5/24}, {name: edge-2, address: 'fe80::1'}, "
+        "{name: edge-3, address: node-3.lan}]\ntls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\n"
+        "limits: {max_frame: 65536}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        build(AgentConfig, path, environ={})
+    text = str(info.value)
+    assert "nodes.0.address: '10.0.0.5/24' is neither an IP address nor a host name" in text
+    assert "nodes.1" not in text and "nodes.2" not in text
+    assert "limits.max_frame" in text
+    path.write_text("pool: pool-a\ntls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\n"
+                    "limits: {heartbeat_interval: 15, heartbeat_timeout: 10}\n")
+    with pytest.raises(ConfigError) as info:
+        build(AgentConfig, path, environ={})
+    assert "heartbeat_timeout (10s) must be at least twice heartbeat_interval (15s)" in str(info.value)
+
+
 def test_cli_exits_2_with_a_clear_message(certs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = certs / "gw.yaml"
     path.write_text("front: {listen: nowhere}\ntls: {cert: gw.pem, key: gw-key.pem, ca: ca.pem}\n")
