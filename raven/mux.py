@@ -308,7 +308,7 @@ class Session:
 
     HIGH_WATER = 1 << 20  # bytes queued for the socket before writers wait
     LOW_WATER = 256 * 1024
-    HARD_LIMIT = 4 << 20  # frames that do not wait (replies, heads, resets) beyond this: the peer is not reading
+    HARD_LIMIT = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
     MAX_DIRECT_SENDS = 4  # PING/PONG sends in flight while the writer is idle; more are dropped
 
     def __init__(
