@@ -35,6 +35,7 @@ log = logging.getLogger("raven.gateway.proxy")
 HOP_BY_HOP = frozenset(
     {
         "connection",
+        "expect",  # answered by the gateway itself (100 Continue) before it reads a request body
         "keep-alive",
         "proxy-authenticate",
         "proxy-authorization",
@@ -170,6 +171,14 @@ def parse_target(request: web.BaseRequest) -> Target:
     return Target(node, port, raw, wire.StreamKind.HTTP)
 
 
+@dataclass(slots=True)
+class _BodyProgress:
+    """How far the client's request body got: a stall there is the client's fault, not the node's."""
+
+    sent: int = 0
+    waiting_for_client: bool = False
+
+
 class _RelayResponse(web.StreamResponse):
     """A streamed response whose head leaves with the first body bytes: one write and one packet, not two.
 
@@ -293,16 +302,21 @@ class Proxy:
             except (ValueError, wire.ProtocolError) as exc:
                 raise Refusal(400, f"request cannot be carried: {exc}") from None
             self.metrics.streams.inc()
+            progress = _BodyProgress()
             try:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(remaining):
                     if body:
-                        await self._send_body(request, stream)
+                        await self._send_body(request, stream, progress)
                     head = await stream.head()
                 return stream, head, chosen
             except TimeoutError:
+                if progress.waiting_for_client:
+                    stream.reset(wire.ResetCode.CANCEL, "the client stopped sending its request body")
+                    raise Refusal(408, f"the client sent {progress.sent} bytes of its request body for node "
+                                       f"{target.node!r} and then nothing until the deadline") from None
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
                 raise Refusal(
                     504,
@@ -327,16 +341,19 @@ class Proxy:
         assert last is not None
         raise last
 
-    async def _send_body(self, request: web.BaseRequest, stream: Stream) -> None:
-        sent = 0
+    async def _send_body(self, request: web.BaseRequest, stream: Stream, progress: _BodyProgress) -> None:
+        if request.headers.get("Expect", "").lower() == "100-continue" and request.writer is not None:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         while True:
+            progress.waiting_for_client = True
             chunk = await request.content.readany()
+            progress.waiting_for_client = False
             if not chunk:
                 break
             await stream.write(chunk)
-            sent += len(chunk)
+            progress.sent += len(chunk)
         stream.end()
-        self.metrics.bytes.labels("-", "to_edge").inc(sent)
+        self.metrics.bytes.labels("-", "to_edge").inc(progress.sent)
 
     # ------------------------------------------------------------ HTTP
 

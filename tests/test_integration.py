@@ -176,6 +176,30 @@ async def _raw_request(bed: Bed, request: bytes) -> bytes:
         writer.close()
 
 
+async def test_a_client_that_stalls_its_request_body_gets_408_not_a_node_error(bed: Bed) -> None:
+    head = await _raw_request(
+        bed, f"POST /metrics HTTP/1.1\r\nHost: edge-a-1:{bed.port}\r\nContent-Length: 1000\r\n"
+             "X-Prometheus-Scrape-Timeout-Seconds: 1\r\n\r\nabc".encode(),
+    )
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert b"the client sent 3 bytes of its request body" in head
+
+
+async def test_expect_100_continue_is_answered_by_the_gateway(bed: Bed) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.front_port)
+    try:
+        writer.write(f"POST /metrics HTTP/1.1\r\nHost: edge-a-1:{bed.port}\r\nContent-Length: 5\r\n"
+                     "Expect: 100-continue\r\n\r\n".encode())
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+        writer.write(b"hello")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        # The body went through the tunnel; the simulated exporter answers POST with its own 405.
+        assert head.startswith(b"HTTP/1.1 405") and b"X-Raven-Agent: agent-pool-a-" in head, head
+    finally:
+        writer.close()
+
+
 async def test_header_outside_latin1_is_400_and_leaks_no_stream(bed: Bed) -> None:
     for _ in range(3):
         head = await _raw_request(
