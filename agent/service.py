@@ -50,6 +50,11 @@ class Agent:
         ident = pki.load_identity(cfg.tls.cert)
         self.name = cfg.name or ident.agent or ident.common_name
         allowed = ", ".join(ident.pools) or "none"
+        if not ident.pools:
+            raise pki.PKIError(
+                f"certificate {cfg.tls.cert} ({ident.role}) names no pool: an agent needs a certificate issued with "
+                "'raven certs issue agent NAME --pool POOL'"
+            )
         if cfg.pool is None:
             if len(ident.pools) != 1:
                 raise pki.PKIError(f"pool: not set, and certificate {cfg.tls.cert} names {len(ident.pools)} pools "

@@ -137,11 +137,11 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
         if default_port is None:
             raise Refusal(400, f"{authority!r} has no port")
         port = default_port
-    elif port_text.isdigit() and 0 < int(port_text) < 65536:
+    elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536:
         port = int(port_text)
     else:
         raise Refusal(400, f"bad port in {authority!r}")
-    node = host.lower().rstrip(".")
+    node = host.lower().removesuffix(".")  # one trailing dot: the absolute form of the same name
     if not wire.valid_node_name(node):
         raise Refusal(400, f"{host!r} is not a valid node name")
     return node, port

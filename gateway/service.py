@@ -14,7 +14,7 @@ from aiohttp import web
 from gateway.proxy import Proxy
 from gateway.registry import RESERVED_NAMES, RESERVED_SUFFIXES, Registry
 from gateway.tunnel import TunnelEndpoint
-from raven import wire
+from raven import pki, wire
 from raven.config import GatewayConfig, split_host_port
 from raven.hosts import HostsPublisher, file_sink
 from raven.metrics import GatewayMetrics
@@ -39,6 +39,13 @@ class Gateway:
         self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
                                     ready=lambda: self.kube_synced and self.ready()[0])
         self.registry.on_change = self.hosts.changed
+        ident = pki.load_identity(cfg.tls.cert)
+        if ident.role != "gateway":
+            raise pki.PKIError(
+                f"certificate {cfg.tls.cert} is a{'n' if ident.role[0] in 'aeiou' else ''} {ident.role} certificate, "
+                "not a gateway (TLS server) certificate: agents would refuse it; issue one with "
+                "'raven certs issue gateway NAME --dns NAME'"
+            )
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.reloader = CertReloader(cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed)
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
@@ -142,16 +149,25 @@ class Gateway:
     async def http_sd(self, request: web.Request) -> web.Response:
         """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port.
 
-        ``?port=9400`` limits the list to one port, so that each exporter gets its own scrape job.
+        ``?port=9400`` limits the list to that port (repeat it for several), so that each exporter gets its
+        own scrape job; ``?pool=NAME`` (repeatable) to those pools' nodes.
         """
+        unknown = sorted(set(request.query) - {"port", "pool"})
+        if unknown:
+            return web.Response(status=400, text=f"unknown parameter(s) {unknown}: /sd takes port= and pool=\n")
         ports = list(self.cfg.front.allowed_ports)
-        wanted = request.query.get("port")
-        if wanted is not None:
-            if not (wanted.isascii() and wanted.isdigit()) or int(wanted) not in ports:
-                return web.Response(status=400, text=f"port must be one of {ports}, got {wanted!r}\n")
-            ports = [int(wanted)]
+        wanted = request.query.getall("port", [])
+        if wanted:
+            for value in wanted:
+                if not (value.isascii() and value.isdigit()) or int(value) not in ports:
+                    return web.Response(status=400, text=f"port must be one of {ports}, got {value!r}\n")
+            chosen = {int(v) for v in wanted}
+            ports = [p for p in ports if p in chosen]
+        pools = set(request.query.getall("pool", []))
         groups = []
         for entry in self.registry.reachable_nodes():
+            if pools and entry.pool not in pools:
+                continue
             for port in ports:
                 groups.append({
                     "targets": [f"{entry.name}:{port}"],

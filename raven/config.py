@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -28,7 +29,7 @@ class ConfigError(Exception):
 
 def _host_port(value: str) -> str:
     _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return value
 
@@ -49,7 +50,7 @@ HostPort = Annotated[str, AfterValidator(_host_port)]
 NodeName = Annotated[str, AfterValidator(_node_name)]
 PoolName = Annotated[str, AfterValidator(_pool_name)]
 Port = Annotated[int, Field(ge=1, le=65535)]
-Seconds = Annotated[float, Field(gt=0, le=86400)]
+Seconds = Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -71,6 +72,8 @@ class TLSConfig(_Model):
     def _files_exist(self) -> TLSConfig:
         for name in ("cert", "key", "ca"):
             path: Path = getattr(self, name)
+            if path.is_dir():
+                raise ValueError(f"{name}: {str(path)!r} is a directory, not a file")
             if not path.is_file():
                 raise ValueError(f"{name}: file {str(path)!r} does not exist")
         return self
@@ -83,8 +86,12 @@ class TunnelLimits(_Model):
         1 << 20, ge=256 * 1024, le=16 << 20,
         description="largest tunnel message; must hold a full DATA frame (64 KiB) and an OPEN with 64 KiB of headers",
     )
-    heartbeat_interval: float = Field(3.0, gt=0, le=3600, description="PING after this long without traffic")
-    heartbeat_timeout: float = Field(10.0, gt=0, le=3600, description="a session silent this long is dead")
+    heartbeat_interval: float = Field(
+        3.0, gt=0, le=3600, allow_inf_nan=False, description="PING after this long without traffic"
+    )
+    heartbeat_timeout: float = Field(
+        10.0, gt=0, le=3600, allow_inf_nan=False, description="a session silent this long is dead"
+    )
     handshake_timeout: Seconds = 10.0
 
     @model_validator(mode="after")
@@ -236,6 +243,13 @@ class AgentGateway(_Model):
     def _wss(self) -> AgentGateway:
         if not self.url.startswith("wss://"):
             raise ValueError(f"url: must start with wss:// (TLS is required), got {self.url!r}")
+        parts = urlsplit(self.url)
+        try:
+            parts.port  # noqa: B018 (raises for a port out of range)
+        except ValueError:
+            raise ValueError(f"url: bad port in {self.url!r}") from None
+        if not parts.hostname:
+            raise ValueError(f"url: no host in {self.url!r}")
         return self
 
 
@@ -337,12 +351,14 @@ def build(
             if isinstance(value, str) and not os.path.isabs(value):
                 tls[name] = str(root / value)
     env = os.environ if environ is None else environ
+    from_env: list[str] = []
     for key, value in sorted(env.items()):
         if key.startswith("RAVEN_"):
             dotted = key.removeprefix("RAVEN_").lower().replace("__", ".")
             # Only variables that name a setting: RAVEN_NO_UVLOOP and the like are not configuration.
             if dotted.split(".")[0] in model.model_fields:
                 _set_path(tree, dotted, _scalar(value))
+                from_env.append(key)
     for item in overrides:
         field, sep, value = item.partition("=")
         if not sep:
@@ -351,4 +367,9 @@ def build(
     try:
         return model.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, str(path) if path else "flags and environment")) from None
+        sources = [str(path)] if path else []
+        if from_env:
+            sources.append("environment " + ", ".join(sorted(from_env)))
+        if overrides:
+            sources.append("flags")
+        raise ConfigError(_format_errors(err, "; ".join(sources) or "defaults")) from None

@@ -32,6 +32,12 @@ async def start_ops_server(
     app.router.add_get("/readyz", readyz)
     for path, handler in extra:
         app.router.add_get(path, handler)
+    endpoints = " ".join(["/metrics", "/healthz", "/readyz", *(path for path, _ in extra)])
+
+    async def not_found(request: web.Request) -> web.Response:
+        return web.Response(status=404, text=f"no endpoint {request.path!r} here; try: {endpoints}\n")
+
+    app.router.add_route("*", "/{tail:.*}", not_found)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_host_port(listen)

@@ -264,8 +264,8 @@ def create_ca(
         existing = [str(p) for p in (cert_path, key_path) if p.exists() or p.is_symlink()]
         if existing:
             raise PKIError(
-                f"a CA already exists ({', '.join(existing)}); refusing to overwrite it. Use --force "
-                "(overwrite=True) to replace it: certificates issued by the old CA will no longer be trusted"
+                f"a CA already exists ({', '.join(existing)}); refusing to overwrite it. Replacing it "
+                "('raven certs init --force') means no certificate issued by the old CA is trusted any more"
             )
     _make_dir(directory)
 

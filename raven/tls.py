@@ -27,11 +27,16 @@ class TLSError(Exception):
 def _load(ctx: ssl.SSLContext, cfg: TLSConfig) -> None:
     try:
         ctx.load_cert_chain(str(cfg.cert), str(cfg.key))
-    except (OSError, ssl.SSLError) as exc:
+    except ssl.SSLError as exc:
+        raise TLSError(f"cannot load certificate {cfg.cert} with key {cfg.key}: not PEM files, or the key does not "
+                       f"belong to the certificate ({exc})") from None
+    except OSError as exc:
         raise TLSError(f"cannot load certificate {cfg.cert} with key {cfg.key}: {exc}") from None
     try:
         ctx.load_verify_locations(cafile=str(cfg.ca))
-    except (OSError, ssl.SSLError) as exc:
+    except ssl.SSLError as exc:
+        raise TLSError(f"cannot load CA bundle {cfg.ca}: not a PEM file of certificates ({exc})") from None
+    except OSError as exc:
         raise TLSError(f"cannot load CA bundle {cfg.ca}: {exc}") from None
 
 

@@ -166,6 +166,34 @@ async def test_bad_host_is_400(bed: Bed) -> None:
             assert "not a valid node name" in await resp.text()
 
 
+@pytest.mark.parametrize(("host", "why"), [
+    ("edge-a-1..:9400", b"not a valid node name"),
+    ("edge-a-1:\u00b2", b"bad port"),  # a digit to str.isdigit(), not to int()
+    ("edge-a-1:99999", b"bad port"),
+    ("edge-a-1:-1", b"bad port"),
+])
+async def test_malformed_authority_is_400_with_a_reason(bed: Bed, host: str, why: bytes) -> None:
+    head = await _raw_request(bed, f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n\r\n".encode("latin-1"))
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert why in head
+
+
+async def test_discovery_filters_by_port_and_pool_and_says_what_it_takes(bed: Bed) -> None:
+    ops = f"http://127.0.0.1:{bed.cluster.gateway_metrics_port}"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{ops}/sd", params=[("port", str(bed.port)), ("pool", "pool-b")]) as resp:
+            groups = await resp.json()
+        assert sorted(g["targets"][0] for g in groups) == [f"edge-b-1:{bed.port}", f"edge-b-2:{bed.port}"]
+        assert {g["labels"]["pool"] for g in groups} == {"pool-b"}
+        async with http.get(f"{ops}/sd", params=[("port", str(bed.port)), ("port", "9100")]) as resp:
+            ports = {g["labels"]["port"] for g in await resp.json()}
+        assert ports == {str(bed.port), "9100"}
+        async with http.get(f"{ops}/sd", params={"job": "x"}) as resp:
+            assert resp.status == 400 and "takes port= and pool=" in await resp.text()
+        async with http.get(f"{ops}/nope") as resp:
+            assert resp.status == 404 and "/sd" in await resp.text()
+
+
 async def _raw_request(bed: Bed, request: bytes) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.front_port)
     try:
