@@ -141,8 +141,22 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_async(main())
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 and at most 3600 seconds")
+    return value
+
+
 class UsageError(Exception):
-    pass
+    """The command line is wrong (exit 2)."""
+
+
+class CommandFailed(Exception):
+    """The command line is fine but the work failed, e.g. a server did not answer (exit 1)."""
 
 
 async def _gateway_nodes(url: str) -> tuple[list[str], list[str]]:
@@ -153,13 +167,18 @@ async def _gateway_nodes(url: str) -> tuple[list[str], list[str]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             async with http.get(url.rstrip("/") + "/nodes") as resp:
                 if resp.status != 200:
-                    raise UsageError(f"{url}/nodes answered HTTP {resp.status}")
+                    raise CommandFailed(f"{url}/nodes answered HTTP {resp.status} (is it a Raven gateway's ops "
+                                        "listener?)")
                 data = await resp.json()
         names = [str(n["name"]) for n in data["nodes"]]
         addresses = [str(a) for a in data.get("service_addresses", [])]
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"cannot read the node list from {url}/nodes (is it a Raven gateway's ops listener?): "
-                         f"{exc!r}") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise CommandFailed(f"cannot connect to {url}: {exc.os_error.strerror or exc.os_error}") from None
+    except TimeoutError:
+        raise CommandFailed(f"{url}/nodes did not answer within 10s") from None
+    except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
+        raise CommandFailed(f"cannot read the node list from {url}/nodes (is it a Raven gateway's ops listener?): "
+                            f"{type(exc).__name__}: {exc}") from None
     return names, addresses
 
 
@@ -210,7 +229,10 @@ def cmd_dns_check(args: argparse.Namespace) -> int:
             print(f"{r.name:<{width}}  {'ok' if r.ok else 'WRONG':<6}  {answer}")
         bad = [r for r in results if not r.ok]
         print(f"{len(results) - len(bad)} of {len(results)} names resolve to the Raven service via {args.server}")
-        if bad:
+        if bad and all(r.no_answer for r in bad):
+            print(f"Fix: the DNS server {args.server} did not answer: check its address and port, and that it can "
+                  "be reached from here (a firewall, a NetworkPolicy).")
+        elif bad:
             print("Fix: check that CoreDNS's hosts plugin reads the file Raven publishes "
                   "(deploy/coredns/README.md) and that the names above are in it: raven hosts render.")
         return 1 if bad else 0
@@ -288,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         "when a scrape says 'no such host'.",
     )
     check.add_argument("--server", required=True, metavar="ADDR[:PORT]", help="DNS server to ask (port 53 default)")
-    check.add_argument("--timeout", type=float, default=3.0, help="seconds per query (default 3)")
+    check.add_argument("--timeout", type=_positive_seconds, default=3.0, help="seconds per query (default 3)")
     names_args(check)
     check.set_defaults(func=cmd_dns_check)
 
@@ -317,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"raven {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except CommandFailed as exc:
+        print(f"raven {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a clear line, not a traceback, for start-up failures

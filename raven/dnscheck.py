@@ -18,6 +18,7 @@ class Check:
     expected: tuple[str, ...]
     got: tuple[str, ...]
     error: str = ""
+    no_answer: bool = False  # the server did not answer at all (timeout), as opposed to a wrong answer
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,9 @@ async def check_name(resolver: dns.asyncresolver.Resolver, name: str, expected: 
             return Check(name, tuple(expected), tuple(got), "no such name (NXDOMAIN)")
         except dns.resolver.NoAnswer:
             continue
+        except dns.exception.Timeout:
+            return Check(name, tuple(expected), tuple(got), f"{rdtype} query: no answer from the server in time",
+                         no_answer=True)
         except dns.exception.DNSException as exc:
             return Check(name, tuple(expected), tuple(got), f"{rdtype} query failed: {exc}")
     return Check(name, tuple(expected), tuple(sorted(got)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,18 @@ def test_example_configs_are_valid(name: str, model: type[GatewayConfig] | type[
     overrides = [f"tls.cert={certs / cert}.pem", f"tls.key={certs / cert}-key.pem", f"tls.ca={certs / 'ca.pem'}"]
     cfg = build(model, path, overrides, environ={})
     assert cfg.log_level == "info"
+
+
+def test_tool_commands_tell_a_dead_server_from_a_wrong_command_line() -> None:
+    out = run("hosts", "render", "--gateway", "http://127.0.0.1:1")
+    assert out.returncode == 1 and "cannot connect to http://127.0.0.1:1" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    out = run("dns", "check", "--server", "127.0.0.1", "--node", "edge-1", "--address", "10.0.0.1", "--timeout", "-1")
+    assert out.returncode == 2 and "must be more than 0" in out.stderr
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:  # a DNS server that never answers
+        silent.bind(("127.0.0.1", 0))
+        server = f"127.0.0.1:{silent.getsockname()[1]}"
+        out = run("dns", "check", "--server", server, "--node", "edge-1", "--address", "10.0.0.1", "--timeout", "0.3")
+    assert out.returncode == 1
+    assert "no answer from the server in time" in out.stdout
+    assert f"the DNS server {server} did not answer" in out.stdout and "CoreDNS" not in out.stdout
