@@ -40,12 +40,15 @@ class Gateway:
                                     ready=lambda: self.kube_synced and self.ready()[0])
         self.registry.on_change = self.hosts.changed
         ident = pki.load_identity(cfg.tls.cert)
-        if ident.role != "gateway":
+        if ident.role in ("agent", "ca"):
             raise pki.PKIError(
-                f"certificate {cfg.tls.cert} is a{'n' if ident.role[0] in 'aeiou' else ''} {ident.role} certificate, "
+                f"certificate {cfg.tls.cert} is a{'n' if ident.role == 'agent' else ''} {ident.role} certificate, "
                 "not a gateway (TLS server) certificate: agents would refuse it; issue one with "
                 "'raven certs issue gateway NAME --dns NAME'"
             )
+        if ident.role != "gateway":
+            log.warning("certificate %s does not list serverAuth: agents accept it only if it has no extended key "
+                        "usage at all ('raven certs issue gateway' makes one that says so)", cfg.tls.cert)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.reloader = CertReloader(cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed)
         self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)

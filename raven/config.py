@@ -198,7 +198,7 @@ class GatewayConfig(_Model):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # "_" too: /etc/hosts and many DNS allow it
 
 
 def _node_address(value: str) -> str:

@@ -281,7 +281,6 @@ class Session:
         "_ping_sent",
         "_ping_seq",
         "_room_waiters",
-        "_send_since",
         "_tasks",
         "_writer_retire",
         "_writer_task",
@@ -346,7 +345,6 @@ class Session:
         self._writer_task: asyncio.Task[None] | None = None
         self._out_waiter: asyncio.Future[None] | None = None
         self._writer_retire = False
-        self._send_since = 0.0  # when the writer's current send began; 0 when it is not sending
         self._last_traffic = 0.0  # when a frame other than PING/PONG was last queued
         self._direct_sends: set[asyncio.Task[None]] = set()
         self._room_waiters: list[asyncio.Future[None]] = []
@@ -476,9 +474,7 @@ class Session:
                         self._out_waiter = None
                     continue
                 message = self._out.popleft()
-                self._send_since = self.loop.time()  # watched by _tick: a send stuck past the deadline ends the session
                 await self.sink.send(message)
-                self._send_since = 0.0
                 self._out_bytes -= len(message)
                 if self._room_waiters and self._out_bytes <= self.LOW_WATER:
                     waiters, self._room_waiters = self._room_waiters, []
@@ -645,12 +641,6 @@ class Session:
                         self.heartbeat_timeout)
             self._close_soon(f"heartbeat timeout: peer silent for {silent:.1f}s")
             return
-        stuck = now - self._send_since if self._send_since else 0.0
-        if stuck > self.heartbeat_timeout:
-            log.warning("session %s: a send made no progress for %.1fs (deadline %.1fs): closing", self.name, stuck,
-                        self.heartbeat_timeout)
-            self._close_soon(f"peer not reading: a send made no progress for {stuck:.1f}s")
-            return
         waiter = self._out_waiter
         if waiter is not None and not waiter.done() and now - self._last_traffic >= self.heartbeat_interval:
             self._writer_retire = True  # idle for an interval: the writer task ends (an idle session has none)
@@ -674,10 +664,7 @@ class Session:
 
     async def _send_direct(self, message: bytes) -> None:
         try:
-            async with asyncio.timeout(self.heartbeat_timeout):
-                await self.sink.send(message)
-        except TimeoutError:
-            self._close_soon(f"peer not reading: a send made no progress for {self.heartbeat_timeout:g}s")
+            await self.sink.send(message)
         except Exception as exc:
             self._close_soon(f"send failed: {exc!r}")
 

@@ -26,18 +26,23 @@ async def start_ops_server(
         ok, why = ready()
         return web.Response(status=200 if ok else 503, text=why + "\n")
 
-    app = web.Application()
+    endpoints = " ".join(["/metrics", "/healthz", "/readyz", *(path for path, _ in extra)])
+
+    @web.middleware
+    async def helpful_404(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:  # only unknown paths: a wrong method stays a 405 with its Allow header
+            return web.Response(status=404, text=f"no endpoint {request.path!r} here; try: {endpoints}\n")
+
+    app = web.Application(middlewares=[helpful_404])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     for path, handler in extra:
         app.router.add_get(path, handler)
-    endpoints = " ".join(["/metrics", "/healthz", "/readyz", *(path for path, _ in extra)])
-
-    async def not_found(request: web.Request) -> web.Response:
-        return web.Response(status=404, text=f"no endpoint {request.path!r} here; try: {endpoints}\n")
-
-    app.router.add_route("*", "/{tail:.*}", not_found)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_host_port(listen)

@@ -192,6 +192,8 @@ async def test_discovery_filters_by_port_and_pool_and_says_what_it_takes(bed: Be
             assert resp.status == 400 and "takes port= and pool=" in await resp.text()
         async with http.get(f"{ops}/nope") as resp:
             assert resp.status == 404 and "/sd" in await resp.text()
+        async with http.post(f"{ops}/sd") as resp:  # a known path with the wrong method stays a 405
+            assert resp.status == 405 and "GET" in resp.headers["Allow"]
 
 
 async def _raw_request(bed: Bed, request: bytes) -> bytes:
