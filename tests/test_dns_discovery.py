@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from raven.launch import LocalCluster, PoolSpec, free_port
 from raven.simexporter import SimExporter, SimNode
 from tests.conftest import pick_node_port
 from tests.dnsmasq import Dnsmasq
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -34,6 +36,9 @@ class DnsBed:
         self.hosts_file = hosts_file
         self.port = port
         self.ops = f"http://127.0.0.1:{cluster.gateway_metrics_port}"
+
+NOT_YET = (OSError, aiohttp.ClientError, ValueError, KeyError)  # a server still starting: poll on
+poll = functools.partial(eventually, timeout=20, interval=0.2, tolerate=NOT_YET)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -61,18 +66,7 @@ async def dbed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DnsBed
         await exporter.close()
 
 
-async def eventually(check: Any, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        try:
-            if await check():
-                return
-        except (OSError, aiohttp.ClientError, ValueError, KeyError):
-            pass
-        if loop.time() > end:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.2)
+
 
 
 def raven(*args: str) -> subprocess.CompletedProcess[str]:
@@ -84,7 +78,7 @@ async def test_hosts_file_follows_registrations(dbed: DnsBed) -> None:
         text = dbed.hosts_file.read_text()
         return all(f"{SERVICE}\tgpu-{i}" in text for i in (1, 2, 3))
 
-    await eventually(written)
+    await poll(written)
     async with aiohttp.ClientSession() as http, http.get(dbed.ops + "/hosts") as resp:
         assert await resp.text() == dbed.hosts_file.read_text()
     rendered = await asyncio.to_thread(raven, "hosts", "render", "--gateway", dbed.ops)
@@ -157,7 +151,7 @@ async def test_prometheus_discovers_and_scrapes_every_edge_node(dbed: DnsBed, pr
         up = await prom_query(prometheus, 'up{job="edge-dcgm"}')
         return len(up) == 3 and all(r["value"][1] == "1" for r in up)
 
-    await eventually(all_up, timeout=40)
+    await poll(all_up, timeout=40)
     series = await prom_query(prometheus, 'DCGM_FI_DEV_GPU_UTIL{job="edge-dcgm", gpu="0"}')
     assert sorted(r["metric"]["node"] for r in series) == ["gpu-1", "gpu-2", "gpu-3"]
     for r in series:
@@ -178,7 +172,7 @@ async def test_a_node_that_leaves_leaves_dns_and_discovery(dbed: DnsBed, prometh
             g["labels"]["node"] != "gpu-3" for g in await cluster.sd()
         )
 
-    await eventually(gone)
+    await poll(gone)
     out = await asyncio.to_thread(raven, "dns", "check", "--server", dbed.dns.server, "--node", "gpu-3",
                                   "--address", SERVICE)
     assert out.returncode == 1  # dnsmasq re-read the file by itself: gpu-3 no longer resolves
@@ -188,4 +182,4 @@ async def test_a_node_that_leaves_leaves_dns_and_discovery(dbed: DnsBed, prometh
             targets = (await resp.json())["data"]["activeTargets"]
         return sorted(t["labels"]["node"] for t in targets) == ["gpu-1", "gpu-2"]
 
-    await eventually(prometheus_dropped_it, timeout=30)
+    await poll(prometheus_dropped_it, timeout=30)

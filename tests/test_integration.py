@@ -19,6 +19,7 @@ from raven import pki, wire
 from raven.config import TLSConfig
 from raven.tls import client_context, server_context
 from tests.conftest import Bed
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -50,17 +51,7 @@ async def metric_values(port: int, name: str) -> dict[tuple[tuple[str, str], ...
     return out
 
 
-async def wait_for(predicate: object, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if await predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
-
-# ---------------------------------------------------------------- routing
 
 
 async def test_scrape_every_node_by_absolute_uri(bed: Bed) -> None:
@@ -289,7 +280,7 @@ async def test_a_client_leaving_while_the_node_is_silent_cancels_the_stream(bed:
             async def stream_open() -> bool:
                 return sum((await metric_values(port, "raven_gateway_streams_in_flight")).values()) == 1
 
-            await wait_for(stream_open, 5)
+            await eventually(stream_open, 5)
         finally:
             writer.close()
 
@@ -298,7 +289,7 @@ async def test_a_client_leaving_while_the_node_is_silent_cancels_the_stream(bed:
             streams = sum((await metric_values(port, "raven_gateway_streams_in_flight")).values())
             return counted and streams == 0
 
-        await wait_for(counted_and_released, 5)
+        await eventually(counted_and_released, 5)
     finally:
         bed.exporter.set_mode("edge-a-2", "ok")
 
@@ -312,7 +303,7 @@ async def test_no_agent_for_pool_is_503(bed: Bed) -> None:
         async def gone() -> bool:
             return all(g["labels"]["pool"] != "pool-b" for g in await bed.cluster.sd())
 
-        await wait_for(gone)
+        await eventually(gone)
         status, _, body = await fetch(bed, pool.nodes[0].name)
         assert status == 503
         assert b"pool-b" in body and b"no agent connected" in body
@@ -368,7 +359,7 @@ async def test_an_agent_certificate_from_another_ca_is_logged_and_counted(bed: B
         values = await metric_values(port, "raven_gateway_handshake_failures_total")
         return values.get(key, 0.0) >= before + 1
 
-    await wait_for(counted, 5)
+    await eventually(counted, 5)
     log = (bed.cluster.workdir / "gateway.log").read_text(errors="replace")
     assert "TLS handshake on the tunnel port failed: unable to get local issuer certificate" in log
 
@@ -564,7 +555,7 @@ async def test_frozen_agent_is_detected_by_the_heartbeat(bed: Bed) -> None:
         async def gone() -> bool:
             return all(g["labels"]["pool"] != "pool-b" for g in await bed.cluster.sd())
 
-        await wait_for(gone, timeout=20)
+        await eventually(gone, timeout=20)
         assert time.monotonic() - start < 15  # deadline 2.5 s in this suite; generous bound
         status, _, body = await fetch(bed, "edge-b-1")
         assert status == 503, body
@@ -588,7 +579,7 @@ async def test_gauges_return_to_zero(bed: Bed) -> None:
         streams = await metric_values(cluster.gateway_metrics_port, "raven_gateway_streams_in_flight")
         return sum(streams.values()) == 0
 
-    await wait_for(settled)
+    await eventually(settled)
     sessions = await metric_values(cluster.gateway_metrics_port, "raven_gateway_sessions")
     assert sum(sessions.values()) == 3
     for proc in cluster.agents.values():
@@ -609,7 +600,7 @@ async def test_everything_back_at_zero_after_agents_stop(bed: Bed) -> None:
         sessions = await metric_values(cluster.gateway_metrics_port, "raven_gateway_sessions")
         return sum(sessions.values()) == 0
 
-    await wait_for(empty)
+    await eventually(empty)
     streams = await metric_values(cluster.gateway_metrics_port, "raven_gateway_streams_in_flight")
     assert sum(streams.values()) == 0
     nodes = await metric_values(cluster.gateway_metrics_port, "raven_gateway_nodes")

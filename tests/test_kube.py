@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ import pytest
 
 from raven.kube import ConfigMapPublisher, KubeError, KubeNode, LeaseElector, NodeWatcher, api_client
 from tests.fakekube import FakeKube
+from tests.polling import eventually
+
+poll = functools.partial(eventually, timeout=3, interval=0.01)
 
 POOL = "apps.openyurt.io/nodepool"
 NS = "kube-system"
@@ -52,12 +56,7 @@ async def running(coro: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio.Task
             await task
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 3.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+
 
 
 # -- client ------------------------------------------------------------------------------------------------------
@@ -109,7 +108,7 @@ async def test_watcher_initial_list(fake: FakeKube, api: Any) -> None:
         assert watcher.nodes["edge-2"].pool == "pool-b" and not watcher.nodes["edge-2"].ready
         assert calls == [watcher.nodes]
         assert calls[0] is not watcher.nodes  # a copy
-        await eventually(lambda: fake.active_watches == 1, what="the watch")
+        await poll(lambda: fake.active_watches == 1, what="the watch")
     (listing,) = fake.node_requests(watch=False)
     assert listing.query["labelSelector"] == POOL
     watch = fake.node_requests(watch=True)[0].query
@@ -125,11 +124,11 @@ async def test_watcher_selector(fake: FakeKube, api: Any) -> None:
     async with running(watcher.run()):
         await asyncio.wait_for(watcher.synced.wait(), 3)
         assert set(watcher.nodes) == {"edge-1"}
-        await eventually(lambda: fake.active_watches == 1, what="the watch")
+        await poll(lambda: fake.active_watches == 1, what="the watch")
         fake.update_node("edge-2", labels={POOL: "pool-a", "role": "edge"})  # enters the selection
-        await eventually(lambda: set(watcher.nodes) == {"edge-1", "edge-2"}, what="edge-2 to enter")
+        await poll(lambda: set(watcher.nodes) == {"edge-1", "edge-2"}, what="edge-2 to enter")
         fake.update_node("edge-1", labels={POOL: "pool-a"})  # leaves it: the server sends DELETED
-        await eventually(lambda: set(watcher.nodes) == {"edge-2"}, what="edge-1 to leave")
+        await poll(lambda: set(watcher.nodes) == {"edge-2"}, what="edge-1 to leave")
         fake.update_node("other", labels={"role": "edge", "x": "y"})  # never selected
         await asyncio.sleep(0.1)
         assert set(watcher.nodes) == {"edge-2"}
@@ -143,14 +142,14 @@ async def test_watch_events_without_relist(fake: FakeKube, api: Any) -> None:
     watcher = NodeWatcher(api, POOL, on_change=calls.append)
     async with running(watcher.run()):
         await asyncio.wait_for(watcher.synced.wait(), 3)
-        await eventually(lambda: fake.active_watches == 1, what="the watch")
+        await poll(lambda: fake.active_watches == 1, what="the watch")
         fake.add_node("edge-2", {POOL: "pool-b"}, ["10.0.1.1"])
-        await eventually(lambda: "edge-2" in watcher.nodes, what="ADDED")
+        await poll(lambda: "edge-2" in watcher.nodes, what="ADDED")
         fake.update_node("edge-1", addresses=["10.0.0.9"], ready=False)
-        await eventually(lambda: watcher.nodes["edge-1"].addresses == ("10.0.0.9",), what="MODIFIED")
+        await poll(lambda: watcher.nodes["edge-1"].addresses == ("10.0.0.9",), what="MODIFIED")
         assert not watcher.nodes["edge-1"].ready
         fake.delete_node("edge-2")
-        await eventually(lambda: "edge-2" not in watcher.nodes, what="DELETED")
+        await poll(lambda: "edge-2" not in watcher.nodes, what="DELETED")
         assert [sorted(c) for c in calls] == [["edge-1"], ["edge-1", "edge-2"], ["edge-1", "edge-2"], ["edge-1"]]
         assert watcher.resource_version == str(fake.rv)
     assert len(fake.node_requests(watch=False)) == 1
@@ -166,13 +165,13 @@ async def test_bookmarks_and_rewatch(fake: FakeKube, api: Any) -> None:
         await asyncio.wait_for(watcher.synced.wait(), 3)
         listed_at = watcher.resource_version
         rv = fake.bump()  # something else changed in the cluster
-        await eventually(lambda: watcher.resource_version == str(rv), what="a bookmark")
+        await poll(lambda: watcher.resource_version == str(rv), what="a bookmark")
         assert listed_at != str(rv)
         # the server ends the watch after timeoutSeconds; the watcher resumes from the bookmark's version
-        await eventually(lambda: len(fake.node_requests(watch=True)) >= 2, what="a second watch")
+        await poll(lambda: len(fake.node_requests(watch=True)) >= 2, what="a second watch")
         assert fake.node_requests(watch=True)[1].query["resourceVersion"] == str(rv)
         fake.add_node("edge-2", {POOL: "pool-a"}, ["10.0.0.2"])
-        await eventually(lambda: "edge-2" in watcher.nodes, what="an event on the second watch")
+        await poll(lambda: "edge-2" in watcher.nodes, what="an event on the second watch")
     assert len(calls) == 2  # the list and edge-2; bookmarks are not changes
     assert len(fake.node_requests(watch=False)) == 1
 
@@ -184,12 +183,12 @@ async def test_compaction_relists(fake: FakeKube, api: Any) -> None:
     watcher = NodeWatcher(api, POOL, on_change=calls.append, relist_backoff=0.1)
     async with running(watcher.run()):
         await asyncio.wait_for(watcher.synced.wait(), 3)
-        await eventually(lambda: fake.active_watches == 1, what="the watch")
+        await poll(lambda: fake.active_watches == 1, what="the watch")
         # changes the watch never delivers, then the history is compacted past them: ERROR 410 on the live watch
         fake.delete_node("edge-2")
         fake.add_node("edge-3", {POOL: "pool-b"}, ["10.0.1.3"])
         fake.compact()
-        await eventually(lambda: watcher.lists == 2, what="a relist")
+        await poll(lambda: watcher.lists == 2, what="a relist")
         assert set(watcher.nodes) == {"edge-1", "edge-3"}
         assert watcher.nodes["edge-3"].pool == "pool-b"
         assert sorted(calls[-1]) == ["edge-1", "edge-3"]
@@ -197,9 +196,9 @@ async def test_compaction_relists(fake: FakeKube, api: Any) -> None:
         # an HTTP 410 on the watch request itself also relists
         fake.fail_next("GET", "/api/v1/nodes", 410)
         fake.drop_watches()
-        await eventually(lambda: watcher.lists == 3, what="a relist after HTTP 410")
+        await poll(lambda: watcher.lists == 3, what="a relist after HTTP 410")
         fake.add_node("edge-4", {POOL: "pool-b"}, ["10.0.1.4"])
-        await eventually(lambda: "edge-4" in watcher.nodes, what="watching again")
+        await poll(lambda: "edge-4" in watcher.nodes, what="watching again")
     assert len(fake.node_requests(watch=False)) == 3
 
 
@@ -209,12 +208,12 @@ async def test_api_failures_recover(fake: FakeKube, api: Any, caplog: pytest.Log
     watcher = NodeWatcher(api, POOL, relist_backoff=0.05)
     async with running(watcher.run()):
         await asyncio.wait_for(watcher.synced.wait(), 3)
-        await eventually(lambda: fake.active_watches == 1, what="the watch")
+        await poll(lambda: fake.active_watches == 1, what="the watch")
         # the watch breaks and the API server answers 500 twice: back off, then resume the watch (no relist)
         fake.fail_next("GET", "/api/v1/nodes", 500, times=2)
         fake.drop_watches()
         fake.add_node("edge-2", {POOL: "pool-a"}, ["10.0.0.2"])
-        await eventually(lambda: "edge-2" in watcher.nodes, what="recovery")
+        await poll(lambda: "edge-2" in watcher.nodes, what="recovery")
         assert watcher.lists == 1
     assert "node list failed" in caplog.text and "node watch failed" in caplog.text
     assert len(fake.node_requests(watch=False)) == 2  # the failed one and the good one
@@ -305,7 +304,7 @@ async def test_lease_one_leader_then_takeover(fake: FakeKube, api: Any) -> None:
     task_a = asyncio.create_task(a.run())
     task_b = asyncio.create_task(b.run())
     try:
-        await eventually(lambda: a.is_leader or b.is_leader, what="a leader")
+        await poll(lambda: a.is_leader or b.is_leader, what="a leader")
         await asyncio.sleep(0.5)  # a few renewals: still exactly one
         assert a.is_leader != b.is_leader
         leader, follower = (a, b) if a.is_leader else (b, a)
@@ -320,7 +319,7 @@ async def test_lease_one_leader_then_takeover(fake: FakeKube, api: Any) -> None:
             await leader_task
         assert not leader.is_leader
         stopped = time.monotonic()
-        await eventually(lambda: follower.is_leader, timeout=3, what="the takeover")
+        await poll(lambda: follower.is_leader, timeout=3, what="the takeover")
         assert time.monotonic() - stopped > 0.5  # not before the lease expired
         assert _holder(fake) == follower.identity
         assert fake.leases[(NS, "raven-gateway")]["spec"]["leaseTransitions"] == 1
@@ -334,17 +333,17 @@ async def test_lease_one_leader_then_takeover(fake: FakeKube, api: Any) -> None:
 async def test_lease_release_hands_over(fake: FakeKube, api: Any) -> None:
     a = LeaseElector(api, NS, "raven-gateway", "a", duration=3.0)
     async with running(a.run()) as task_a:
-        await eventually(lambda: a.is_leader, what="a to lead")
+        await poll(lambda: a.is_leader, what="a to lead")
         b = LeaseElector(api, NS, "raven-gateway", "b", duration=3.0)
         async with running(b.run()):
-            await eventually(lambda: b.holder == "a", what="b to see a")
+            await poll(lambda: b.holder == "a", what="b to see a")
             task_a.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task_a
             released = time.monotonic()
             assert await a.release()
             assert _holder(fake) in (None, "b")
-            await eventually(lambda: b.is_leader, timeout=2.5, what="b to take over")
+            await poll(lambda: b.is_leader, timeout=2.5, what="b to take over")
             assert time.monotonic() - released < 2.0  # well before the 3 s lease would have expired
             assert not await a.release()  # not ours any more
 
@@ -353,7 +352,7 @@ async def test_lease_conflict_and_errors_fail_safe(fake: FakeKube, api: Any) -> 
     changes: list[bool] = []
     a = LeaseElector(api, NS, "raven-gateway", "a", duration=1.2, on_change=changes.append)
     async with running(a.run()):
-        await eventually(lambda: a.is_leader, what="a to lead")
+        await poll(lambda: a.is_leader, what="a to lead")
         for method, status in (("PUT", 409), ("GET", 500)):  # a renewal loses a race; the API server fails
             history = changes.copy()
             fake.fail_next(method, f"{LEASE_PATH}/raven-gateway", status)
@@ -361,6 +360,6 @@ async def test_lease_conflict_and_errors_fail_safe(fake: FakeKube, api: Any) -> 
             def lost_and_regained(seen: int = len(history)) -> bool:
                 return False in changes[seen:] and a.is_leader
 
-            await eventually(lost_and_regained, what=f"{status}: lost and regained")
+            await poll(lost_and_regained, what=f"{status}: lost and regained")
         spec = fake.leases[(NS, "raven-gateway")]["spec"]
         assert spec["holderIdentity"] == "a" and spec["leaseTransitions"] == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +14,9 @@ from raven.launch import LocalCluster, PoolSpec
 from raven.simexporter import SimExporter, SimNode
 from tests.conftest import pick_node_port
 from tests.fakekube import FakeKube
+from tests.polling import eventually
+
+poll = functools.partial(eventually, timeout=20, interval=0.2)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -67,20 +70,14 @@ async def kbed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[KBed]:
         await kube.close()
 
 
-async def eventually(check: Any, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await check():
-        if loop.time() > end:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.2)
+
 
 
 async def test_agent_serves_its_pools_nodes_from_node_objects(kbed: KBed) -> None:
     async def registered() -> bool:
         return await kbed.sd_nodes() == ["edge-k-1", "edge-k-2"]
 
-    await eventually(registered)
+    await poll(registered)
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://edge-k-2:{kbed.port}/metrics", proxy=kbed.cluster.front_url) as resp:
             assert resp.status == 200
@@ -92,7 +89,7 @@ async def test_gateway_publishes_every_edge_node_to_the_configmap_under_a_lease(
         text = kbed.hosts_configmap()
         return all(f"{SERVICE}\t{n}" in text for n in ("edge-k-1", "edge-k-2", "other-1"))
 
-    await eventually(published)
+    await poll(published)
     assert "cloud-1" not in kbed.hosts_configmap()  # only Nodes with the pool label are edge nodes
     lease: Any = kbed.kube.leases[("kube-system", "raven-hosts-publisher")]
     assert lease["spec"]["holderIdentity"] == "gw-1"
@@ -111,7 +108,7 @@ async def test_new_and_deleted_nodes_follow_through(kbed: KBed) -> None:
         return (await kbed.sd_nodes() == ["edge-k-1", "edge-k-3"]
                 and "edge-k-3" in text and "edge-k-2" not in text)
 
-    await eventually(followed)
+    await poll(followed)
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://edge-k-3:{kbed.port}/metrics", proxy=kbed.cluster.front_url) as resp:
             assert resp.status == 200

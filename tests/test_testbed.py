@@ -4,6 +4,7 @@ nodes by name through the tunnel. Every assertion is on what Prometheus itself r
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -13,8 +14,12 @@ import pytest
 import pytest_asyncio
 
 from raven.testbed import GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+NOT_YET = (aiohttp.ClientError, TimeoutError, KeyError, ValueError)  # Prometheus busy or restarting
+poll = functools.partial(eventually, interval=0.25, tolerate=NOT_YET)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -28,19 +33,7 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Testbed
         await tb.close()
 
 
-async def until(check: object, timeout: float, what: str) -> float:
-    """Poll ``check`` until true; return how long it took."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while True:
-        try:
-            if await check():  # type: ignore[operator]
-                return loop.time() - start
-        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError):
-            pass
-        if loop.time() - start > timeout:
-            raise AssertionError(f"{what}: not within {timeout:.0f}s")
-        await asyncio.sleep(0.25)
+
 
 
 def window(seconds: float) -> str:
@@ -69,7 +62,7 @@ async def test_a_stalled_exporter_fails_alone_within_its_timeout(bed: Testbed) -
         async def down() -> bool:
             return (await bed.query('up{job="edge-dcgm", node="gpu-b-1"}'))["gpu-b-1:9400"] == 0
 
-        await until(down, 4 * SCRAPE_INTERVAL + 5, "stalled target down")
+        await poll(down, 4 * SCRAPE_INTERVAL + 5, "stalled target down")
         await asyncio.sleep(2 * SCRAPE_INTERVAL)
         # The failed scrapes ended at the scrape timeout (1.5 s), not later.
         durations = await bed.query(
@@ -106,7 +99,7 @@ async def test_an_uplink_outage_takes_its_site_down_and_back(bed: Testbed) -> No
             up = await bed.query(f'up{{pool="{site.pool}"}}')
             return bool(up) and set(up.values()) == {0.0}
 
-        took = await until(site_down, HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10, "site down")
+        took = await poll(site_down, HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10, "site down")
         assert took <= HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10
         other = await bed.query(f'up{{pool="{bed.sites[0].pool}"}}')
         assert set(other.values()) == {1.0}
@@ -117,7 +110,7 @@ async def test_an_uplink_outage_takes_its_site_down_and_back(bed: Testbed) -> No
         up = await bed.query(f'up{{pool="{site.pool}"}}')
         return bool(up) and set(up.values()) == {1.0}
 
-    await until(site_up, 30, "site back up")
+    await poll(site_up, 30, "site back up")
 
 
 async def test_a_gateway_restart_recovers_within_two_scrape_intervals(bed: Testbed) -> None:
@@ -130,7 +123,7 @@ async def test_a_gateway_restart_recovers_within_two_scrape_intervals(bed: Testb
             async with http.get(GATEWAY_OPS + "/readyz") as resp:
                 return resp.status == 200
 
-    await until(ready, 30, "gateway ready")
+    await poll(ready, 30, "gateway ready")
     await asyncio.sleep(3 * SCRAPE_INTERVAL)
     span = window(time.monotonic() - stopped + SCRAPE_INTERVAL)
     # Failed scrapes per target since the stop: recovering within two intervals means at most two.
@@ -152,11 +145,11 @@ async def test_a_node_that_leaves_leaves_dns_and_discovery(bed: Testbed) -> None
         sd = await bed.get_json(GATEWAY_OPS + "/sd")
         return "gpu-a-2" not in hosts.read_text() and all(g["labels"]["node"] != "gpu-a-2" for g in sd)
 
-    await until(gone_from_dns_and_sd, 30, "gpu-a-2 removed from the hosts file and discovery")
+    await poll(gone_from_dns_and_sd, 30, "gpu-a-2 removed from the hosts file and discovery")
 
     async def gone_from_prometheus() -> bool:
         targets = (await bed.get_json("http://10.199.0.2:9090/api/v1/targets"))["data"]["activeTargets"]
         nodes = {t["labels"].get("node") for t in targets if t["labels"]["job"].startswith("edge-")}
         return nodes == {"gpu-a-1", "gpu-b-1", "gpu-b-2"}
 
-    await until(gone_from_prometheus, 30, "Prometheus dropped gpu-a-2")
+    await poll(gone_from_prometheus, 30, "Prometheus dropped gpu-a-2")
