@@ -98,12 +98,18 @@ def check_header_block(headers: wire.Headers, limits: wire.Limits) -> None:
 
 
 class Refusal(Exception):
-    """An answer decided before any header was sent."""
+    """An answer decided before any header was sent.
 
-    def __init__(self, status: int, reason: str) -> None:
+    ``label`` names the reason in ``raven_gateway_front_refused_total{reason}`` (a fixed word, never
+    request text); ``headers`` go out with the answer (``Allow``, ``Retry-After``, ``WWW-Authenticate``).
+    """
+
+    def __init__(self, status: int, reason: str, label: str = "", headers: dict[str, str] | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.label = label
+        self.headers = headers or {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,10 +253,12 @@ class Proxy:
                     pool, ref.reason)
         self.metrics.requests.labels(pool, kind, str(ref.status)).inc()
         self.metrics.latency.labels(pool).observe(time.monotonic() - start)
+        if ref.label:
+            self.metrics.front_refused.labels(ref.label).inc()
         return web.Response(
             status=ref.status,
             text=f"raven: {ref.reason}\n",
-            headers={"X-Raven-Error": _header_safe(ref.reason)},
+            headers={**ref.headers, "X-Raven-Error": _header_safe(ref.reason)},
         )
 
     # ------------------------------------------------------------ opening a stream, with one retry

@@ -13,6 +13,7 @@ from typing import Any
 
 from raven import __version__, cli_certs
 from raven.config import AgentConfig, ConfigError, GatewayConfig, build
+from raven.lograte import BoundedLines
 
 log = logging.getLogger("raven")
 
@@ -29,6 +30,8 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:  # no line longer than MAX_LINE, whatever a peer sent
+        handler.addFilter(BoundedLines())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

@@ -33,6 +33,11 @@ class GatewayMetrics:
         self.handshake_failures = Counter(
             "raven_gateway_handshake_failures", "Tunnel handshakes that failed", ["reason"], registry=r
         )
+        self.front_refused = Counter(
+            "raven_gateway_front_refused",
+            "Front-end requests and connections refused by a limit or a check, by reason (a fixed word)",
+            ["reason"], registry=r,
+        )
 
 
 class AgentMetrics:

@@ -1,0 +1,38 @@
+"""Logs a peer cannot grow: rate limit per (peer, kind) with a count; bounded lines."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from raven.lograte import BoundedLines, RateLimitedLog
+
+
+def test_rate_limited_per_peer_with_count(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    rl = RateLimitedLog(logging.getLogger("t.rate"), interval=60, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "t.rate"):
+        assert rl.warning("peer-a", "unknown-stream", "frame for unknown stream %d", 1)
+        for i in range(500):
+            assert not rl.warning("peer-a", "unknown-stream", "frame for unknown stream %d", i)
+        assert rl.warning("peer-b", "unknown-stream", "frame for unknown stream %d", 7)  # another peer: its own budget
+        now[0] = 61.0
+        assert rl.warning("peer-a", "unknown-stream", "frame for unknown stream %d", 9)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert "500 more like it from peer-a" in lines[2]
+
+
+def test_keys_are_bounded() -> None:
+    rl = RateLimitedLog(logging.getLogger("t.keys"), max_keys=10)
+    for i in range(1000):
+        rl.info(f"10.0.{i // 256}.{i % 256}", "churn", "x")
+    assert len(rl._seen) == 10
+
+
+def test_bounded_lines_cut_long_messages() -> None:
+    record = logging.LogRecord("t", logging.WARNING, __file__, 1, "peer said %s", ("A" * 100_000,), None)
+    assert BoundedLines(limit=100).filter(record)
+    text = record.getMessage()
+    assert len(text) < 200 and text.endswith("characters cut]")
