@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import socket
@@ -27,6 +28,7 @@ from gateway.registry import AgentSession, NodeEntry, Registry
 from raven import wire
 from raven.aio import cancel_and_wait
 from raven.config import GatewayFront
+from raven.listener import ConnectionGuard
 from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
 
@@ -48,7 +50,19 @@ HOP_BY_HOP = frozenset(
     }
 )
 DEADLINE_HEADER = "x-raven-timeout-ms"
+CLIENT_HEADER = "X-Raven-Client"  # the agent's fairness key: a hash of the client address, never the address
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+# What a client says about where the request came from is not believed: dropped, and replaced by what
+# the gateway saw (X-Forwarded-For: the client's address, X-Forwarded-Proto).
+FORWARDED = frozenset(
+    {"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-port", "x-forwarded-proto", "x-real-ip"}
+)
+
+# The reason label of raven_gateway_front_refused_total for refusals raised without one.
+STATUS_LABEL: dict[int, str] = {
+    400: "bad-request", 403: "port", 404: "unknown-node", 405: "method", 408: "body-timeout",
+    431: "headers-too-large", 502: "upstream", 503: "unavailable", 504: "timeout",
+}
 
 # Status for a stream reset that arrives before anything reached the client
 # (before HEAD, or before the first body bytes).
@@ -195,18 +209,41 @@ class _RelayResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+class _ClientStalled(Exception):
+    """The client read none of its response for write_stall_timeout."""
+
+
+def client_key(address: str) -> str:
+    """The fairness key sent to the agent: stable for one client address across replicas, not the address."""
+    return hashlib.blake2b(address.encode(), digest_size=8).hexdigest()
+
+
 class Proxy:
     def __init__(
-        self, cfg: GatewayFront, registry: Registry, metrics: GatewayMetrics, draining: Callable[[], bool]
+        self,
+        cfg: GatewayFront,
+        registry: Registry,
+        metrics: GatewayMetrics,
+        draining: Callable[[], bool],
+        guard: ConnectionGuard,
+        settled: Callable[[], bool] = lambda: True,
     ) -> None:
         self.cfg = cfg
         self.registry = registry
         self.metrics = metrics
         self.allowed_ports = frozenset(cfg.allowed_ports)
+        self.allowed_methods = frozenset(cfg.allowed_methods)
+        self.allow_header = ", ".join([*cfg.allowed_methods, *(["CONNECT"] if cfg.allow_connect else [])])
         self.node_streams: dict[str, int] = {}
+        self.client_streams: dict[tuple[str, str], int] = {}  # (client address, node) -> streams in flight
+        self.client_cap = max(1, int(cfg.client_share * cfg.max_streams_per_node))
+        self.connect_tunnels: dict[str, int] = {}  # client address -> CONNECT tunnels open
+        self.connect_total = 0
         self.idle = asyncio.Event()
         self.idle.set()
         self.draining = draining
+        self.guard = guard
+        self.settled = settled
 
     # ------------------------------------------------------------ entry point
 
@@ -215,6 +252,7 @@ class Proxy:
         pool = node = "-"
         kind = "http"
         try:
+            self._check_method(request)
             target = parse_target(request)
             kind = target.kind.name.lower()
             node = target.node
@@ -223,6 +261,11 @@ class Proxy:
                 raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
             found = self.registry.lookup(target.node)
             if found.entry is None:
+                if not self.settled():
+                    # A replica that just started does not know every node yet: "try again", not "no such node".
+                    raise Refusal(503, f"node {target.node!r} is not registered here yet: this gateway replica is "
+                                       "starting and its agents are still connecting", "not-settled",
+                                  {"Retry-After": "2"})
                 raise Refusal(404, found.reason)
             pool = found.entry.pool
             if found.reason:
@@ -233,6 +276,13 @@ class Proxy:
             return await self._http(request, target, found.entry, deadline, start)
         except Refusal as ref:
             return self._refuse(request, ref, node, pool, kind, start)
+
+    def _check_method(self, request: web.BaseRequest) -> None:
+        method = request.method
+        if (self.cfg.allow_connect if method == "CONNECT" else method in self.allowed_methods):
+            return
+        raise Refusal(405, f"method {method[:20]} is not allowed here (allowed: {self.allow_header})", "method",
+                      {"Allow": self.allow_header})
 
     def _timeout(self, request: web.BaseRequest) -> float:
         timeout = self.cfg.request_timeout
@@ -253,8 +303,7 @@ class Proxy:
                     pool, ref.reason)
         self.metrics.requests.labels(pool, kind, str(ref.status)).inc()
         self.metrics.latency.labels(pool).observe(time.monotonic() - start)
-        if ref.label:
-            self.metrics.front_refused.labels(ref.label).inc()
+        self.metrics.front_refused.labels(ref.label or STATUS_LABEL.get(ref.status, str(ref.status))).inc()
         return web.Response(
             status=ref.status,
             text=f"raven: {ref.reason}\n",
@@ -263,14 +312,27 @@ class Proxy:
 
     # ------------------------------------------------------------ opening a stream, with one retry
 
-    def _claim(self, node: str) -> None:
+    def _claim(self, node: str, client: str) -> None:
+        """Take one of the node's slots for ``client``: no client holds more than its share of a node."""
         n = self.node_streams.get(node, 0)
         if n >= self.cfg.max_streams_per_node:
-            raise Refusal(503, f"node {node!r} already has {n} requests in flight (limit)")
+            raise Refusal(503, f"node {node!r} already has {n} requests in flight (limit)", "node-busy")
+        key = (client, node)
+        mine = self.client_streams.get(key, 0)
+        if mine >= self.client_cap:
+            raise Refusal(503, f"this client already has {mine} requests in flight to node {node!r} (limit "
+                               f"{self.client_cap} per client and node)", "client-share")
         self.node_streams[node] = n + 1
+        self.client_streams[key] = mine + 1
         self.idle.clear()
 
-    def _unclaim(self, node: str) -> None:
+    def _unclaim(self, node: str, client: str) -> None:
+        key = (client, node)
+        mine = self.client_streams.get(key, 1) - 1
+        if mine <= 0:
+            self.client_streams.pop(key, None)
+        else:
+            self.client_streams[key] = mine
         n = self.node_streams.get(node, 1) - 1
         if n <= 0:
             self.node_streams.pop(node, None)
@@ -317,14 +379,15 @@ class Proxy:
                     raise TimeoutError
                 async with asyncio.timeout(remaining):
                     if body:
-                        await self._send_body(request, stream, progress)
+                        async with asyncio.timeout(self.cfg.body_timeout):
+                            await self._send_body(request, stream, progress)
                     head = await stream.head()
                 return stream, head, chosen
             except TimeoutError:
                 if progress.waiting_for_client:
                     stream.reset(wire.ResetCode.CANCEL, "the client stopped sending its request body")
                     raise Refusal(408, f"the client sent {progress.sent} bytes of its request body for node "
-                                       f"{target.node!r} and then nothing until the deadline") from None
+                                       f"{target.node!r} and did not finish it in time", "body-timeout") from None
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
                 raise Refusal(
                     504,
@@ -368,15 +431,20 @@ class Proxy:
     async def _http(
         self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
     ) -> web.StreamResponse:
-        headers = filter_headers(request.headers.items(), frozenset({"host"}))
+        client = request.remote or "?"
+        headers = filter_headers(request.headers.items(), FORWARDED | {"host"})
         remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        headers = (("Host", f"{target.node}:{target.port}"), *headers, (DEADLINE_HEADER, str(remaining_ms)))
+        headers = (
+            ("Host", f"{target.node}:{target.port}"), *headers,
+            ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https" if request.secure else "http"),
+            (DEADLINE_HEADER, str(remaining_ms)), (CLIENT_HEADER, client_key(client)),
+        )
         check_header_block(headers, wire.DEFAULT_LIMITS)
         has_body = request.body_exists
         open_frame = wire.Open(
             0, wire.StreamKind.HTTP, target.node, target.port, request.method, target.path, headers, not has_body
         )
-        self._claim(target.node)
+        self._claim(target.node, client)
         try:
             stream, head, chosen = await self._open(
                 request, target, entry, deadline, open_frame, request.method in IDEMPOTENT and not has_body, has_body
@@ -389,7 +457,7 @@ class Proxy:
             self.metrics.requests.labels(entry.pool, "http", "cancelled").inc()  # the client left, or shutdown
             raise
         finally:
-            self._unclaim(target.node)
+            self._unclaim(target.node, client)
 
     async def _relay_response(
         self,
@@ -438,7 +506,7 @@ class Proxy:
                 chunk = await stream.read() if no_body else first
                 while chunk:
                     received += len(chunk)
-                    await resp.write(chunk)
+                    await self._write(resp, chunk)
                     chunk = await stream.read()
             if length is not None and not no_body and received != length:
                 raise StreamReset(wire.ResetCode.UPSTREAM_BROKEN,
@@ -459,11 +527,29 @@ class Proxy:
             stream.reset(wire.ResetCode.CANCEL, "client went away")
             self.metrics.requests.labels(entry.pool, "http", "client-gone").inc()
             return resp
+        except _ClientStalled:
+            stream.reset(wire.ResetCode.CANCEL, "the client stopped reading the response")
+            log.warning("%s %s: client %s read none of the response from node %r for %.0fs after %d bytes: "
+                        "stream reset, connection closed", request.method, target.path, request.remote, target.node,
+                        self.cfg.write_stall_timeout, received)
+            self._abort(request)
+            self.metrics.requests.labels(entry.pool, "http", "client-stalled").inc()
+            self.metrics.front_refused.labels("write-stall").inc()
+            self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
+            return resp
         await resp.write_eof()
         self.metrics.requests.labels(entry.pool, "http", str(head.status)).inc()
         self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)
         self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
         return resp
+
+    async def _write(self, resp: web.StreamResponse, chunk: bytes | memoryview) -> None:
+        """Write to the client; one that reads nothing for write_stall_timeout is given up on."""
+        try:
+            async with asyncio.timeout(self.cfg.write_stall_timeout):
+                await resp.write(chunk)
+        except TimeoutError:
+            raise _ClientStalled from None
 
     @staticmethod
     def _loop_deadline(deadline: float) -> float:
@@ -490,8 +576,19 @@ class Proxy:
     async def _connect(
         self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
     ) -> web.StreamResponse:
-        open_frame = wire.Open(0, wire.StreamKind.TCP, target.node, target.port)
-        self._claim(target.node)
+        client = request.remote or "?"
+        if self.connect_total >= self.cfg.max_connect_tunnels:
+            raise Refusal(503, f"{self.connect_total} CONNECT tunnels are open (limit {self.cfg.max_connect_tunnels})",
+                          "connect-cap")
+        mine = self.connect_tunnels.get(client, 0)
+        if mine >= self.cfg.max_connect_per_client:
+            raise Refusal(503, f"this client has {mine} CONNECT tunnels open (limit {self.cfg.max_connect_per_client})",
+                          "connect-client-cap")
+        open_frame = wire.Open(0, wire.StreamKind.TCP, target.node, target.port,
+                               headers=((CLIENT_HEADER, client_key(client)),))
+        self._claim(target.node, client)
+        self.connect_tunnels[client] = mine + 1
+        self.connect_total += 1
         try:
             stream, head, chosen = await self._open(request, target, entry, deadline, open_frame, True, False)
             try:
@@ -503,7 +600,8 @@ class Proxy:
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
                                 chosen.agent.encode("ascii", "replace") + b"\r\n\r\n")
                 log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, chosen.agent, entry.pool)
-                sent, received = await _relay_tcp(request, stream, self.cfg.connect_idle_timeout)
+                sent, received = await _relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
+                                                  self.cfg.write_stall_timeout)
                 self.metrics.requests.labels(entry.pool, "tcp", "200").inc()
                 self.metrics.bytes.labels(entry.pool, "to_edge").inc(sent)
                 self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
@@ -513,7 +611,13 @@ class Proxy:
             finally:
                 stream.close()
         finally:
-            self._unclaim(target.node)
+            self._unclaim(target.node, client)
+            self.connect_total -= 1
+            left = self.connect_tunnels.get(client, 1) - 1
+            if left > 0:
+                self.connect_tunnels[client] = left
+            else:
+                self.connect_tunnels.pop(client, None)
 
 
 class _TunnelFeeder:
@@ -552,7 +656,9 @@ class _TunnelFeeder:
         return out
 
 
-async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> tuple[int, int]:
+async def _relay_tcp(
+    request: web.BaseRequest, stream: Stream, idle: float, guard: ConnectionGuard, stall: float
+) -> tuple[int, int]:
     transport = request.transport
     assert transport is not None
     loop = asyncio.get_running_loop()
@@ -574,12 +680,14 @@ async def _relay_tcp(request: web.BaseRequest, stream: Stream, idle: float) -> t
 
     async def down() -> None:
         while chunk := await stream.read():
-            transport.write(bytes(chunk))
+            transport.write(chunk)
             counts[1] += len(chunk)
             last[0] = loop.time()
-            # aiohttp exposes no public drain for a taken-over connection: poll the buffer.
-            while transport.get_write_buffer_size() > 256 * 1024 and not transport.is_closing():  # noqa: ASYNC110
-                await asyncio.sleep(0.005)
+            try:
+                async with asyncio.timeout(stall):  # the transport paused writing: wait until the client reads
+                    await guard.drained(request)
+            except TimeoutError:
+                raise ConnectionResetError(f"the client read nothing for {stall:.0f}s") from None
 
     async def watchdog() -> None:
         while (quiet := loop.time() - last[0]) < idle:  # noqa: ASYNC110 (a timer, not a condition wait)

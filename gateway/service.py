@@ -17,6 +17,14 @@ from gateway.tunnel import TunnelEndpoint
 from raven import pki, wire
 from raven.config import GatewayConfig, split_host_port
 from raven.hosts import HostsPublisher, file_sink
+from raven.listener import (
+    ConnectionGuard,
+    GuardedSite,
+    GuardLimits,
+    descriptor_budget,
+    guard_middleware,
+    guarded_handler,
+)
 from raven.metrics import GatewayMetrics
 from raven.ops import start_ops_server
 from raven.tls import CertReloader
@@ -51,7 +59,26 @@ class Gateway:
                         "usage at all ('raven certs issue gateway' makes one that says so)", cfg.tls.cert)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.reloader = CertReloader(cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed)
-        self.proxy = Proxy(cfg.front, self.registry, self.metrics, lambda: self.tunnel.draining)
+        front = cfg.front
+        budget = descriptor_budget(front.fd_reserve)
+        front_cap = min(front.max_connections, budget)
+        if front_cap < front.max_connections:
+            log.warning("the open-files limit leaves %d descriptors beyond the reserve of %d: the front end takes at "
+                        "most %d connections (front.max_connections %d)", budget, front.fd_reserve, front_cap,
+                        front.max_connections)
+        self.front_guard = ConnectionGuard(
+            "front end",
+            GuardLimits(front.head_timeout, front.idle_timeout, front_cap, front.max_connections_per_client),
+            on_refused=lambda label: self.metrics.front_refused.labels(label).inc(),
+        )
+        self.tunnel_guard = ConnectionGuard(
+            "tunnel port",
+            GuardLimits(cfg.limits.handshake_timeout, cfg.limits.handshake_timeout, cfg.tunnel.max_connections,
+                        cfg.tunnel.max_connections_per_address),
+            on_refused=lambda label: self.metrics.handshake_failures.labels(label).inc(),
+        )
+        self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
+                           settled=self.settled)
         self._runners: list[web.BaseRunner] = []
         self._background: list[asyncio.Task[None]] = []
         self.kube_nodes: dict[str, KubeNode] = {}
@@ -72,6 +99,10 @@ class Gateway:
         ok, why = self._settled()
         self._was_ready = ok
         return ok, why
+
+    def settled(self) -> bool:
+        """Has this replica seen its agents come back since it started (the condition behind /readyz)?"""
+        return self._was_ready or self._settled()[0]
 
     def _settled(self) -> tuple[bool, str]:
         sessions = len(self.registry.sessions)
@@ -180,27 +211,30 @@ class Gateway:
         return web.json_response(groups)
 
     async def start(self) -> None:
-        tunnel_app = web.Application()
+        # The TLS handshake and the upgrade request each have handshake_timeout (the guard), then HELLO too.
+        tunnel_app = web.Application(middlewares=[guard_middleware(self.tunnel_guard)])
         tunnel_app.router.add_get(self.cfg.tunnel.path, self.tunnel.handle)
         tunnel_runner = web.AppRunner(tunnel_app, access_log=None, shutdown_timeout=2.0)
         await tunnel_runner.setup()
         self._runners.append(tunnel_runner)
         host, port = split_host_port(self.cfg.tunnel.listen)
-        await web.TCPSite(tunnel_runner, host, port, ssl_context=self.reloader.listener, backlog=1024).start()
+        await GuardedSite(tunnel_runner, host, port, self.tunnel_guard, ssl_context=self.reloader.listener).start()
 
         front = web.Server(
-            self.proxy.handle,
+            guarded_handler(self.front_guard, self.proxy.handle),
             logger=_one_line_logger("raven.gateway.http"),
             max_line_size=self.cfg.front.max_header_bytes,
             max_field_size=self.cfg.front.max_header_bytes,
             handler_cancellation=True,
+            # A backstop only: the guard closes idle connections at front.idle_timeout.
+            keepalive_timeout=self.cfg.front.idle_timeout + self.cfg.front.head_timeout,
         )
         front_runner = web.ServerRunner(front, access_log=None, shutdown_timeout=2.0)
         await front_runner.setup()
         self._runners.append(front_runner)
         for listen in (self.cfg.front.listen, *self.cfg.front.also_listen):
             host, port = split_host_port(listen)
-            await web.TCPSite(front_runner, host, port, backlog=1024).start()
+            await GuardedSite(front_runner, host, port, self.front_guard).start()
 
         self._runners.append(
             await start_ops_server(

@@ -53,6 +53,12 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
 
 
+def _method(value: str) -> str:
+    if not re.fullmatch(r"[A-Z]{1,20}", value):
+        raise ValueError(f"{value!r} is not an HTTP method (upper-case letters, e.g. GET)")
+    return value
+
+
 def split_host_port(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     return host.strip("[]") or "0.0.0.0", int(port)
@@ -107,6 +113,14 @@ class TunnelLimits(_Model):
 class GatewayTunnel(_Model):
     listen: HostPort = "0.0.0.0:10262"
     path: str = "/tunnel"
+    max_connections: int = Field(
+        16384, ge=1, le=1 << 20,
+        description="connections the tunnel port holds at once (TLS handshakes and sessions); more are refused",
+    )
+    max_connections_per_address: int = Field(
+        1024, ge=1, le=1 << 20,
+        description="connections from one source address (many agents may share a NAT address: keep it generous)",
+    )
 
 
 class GatewayFront(_Model):
@@ -118,9 +132,53 @@ class GatewayFront(_Model):
     )
     allowed_ports: list[Port] = Field(default_factory=lambda: [9100, 9400])
     request_timeout: Seconds = Field(30.0, description="deadline for a whole request unless Prometheus asks less")
-    connect_idle_timeout: Seconds = Field(300.0, description="CONNECT tunnels idle longer than this are closed")
-    max_streams_per_node: int = Field(64, ge=1)
+    connect_idle_timeout: Seconds = Field(60.0, description="CONNECT tunnels idle longer than this are closed")
+    max_streams_per_node: int = Field(64, ge=1, description="requests in flight to one node, from all clients")
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    allowed_methods: list[Annotated[str, AfterValidator(_method)]] = Field(
+        default_factory=lambda: ["GET", "HEAD"],
+        description="HTTP methods passed to nodes (Prometheus only sends GET); others get 405 with an Allow header",
+    )
+    allow_connect: bool = Field(
+        False, description="relay CONNECT (raw TCP, e.g. to a kubelet's TLS port) to allowed ports",
+    )
+    head_timeout: Seconds = Field(
+        10.0, description="a client must send a complete request head within this long (of connecting, or of the "
+        "first byte of a keep-alive request); else 408 and close",
+    )
+    idle_timeout: Seconds = Field(
+        120.0, description="keep-alive: close a connection idle this long between requests (longer than "
+        "Prometheus's 90 s idle pool, so that Prometheus closes first)",
+    )
+    body_timeout: Seconds = Field(10.0, description="a client must send its whole request body within this long")
+    write_stall_timeout: Seconds = Field(
+        10.0, description="a client that reads none of its response for this long has its stream reset (the "
+        "agent releases the node connection) and its connection closed",
+    )
+    max_connections: int = Field(
+        8192, ge=1, le=1 << 20, description="front-end connections held at once; more get 503 and a close",
+    )
+    max_connections_per_client: int = Field(
+        2048, ge=1, le=1 << 20,
+        description="front-end connections from one client address (a Prometheus holds about one per target)",
+    )
+    client_share: float = Field(
+        0.25, gt=0, le=1, allow_inf_nan=False,
+        description="share of a node's max_streams_per_node one client address may hold at once",
+    )
+    max_connect_tunnels: int = Field(256, ge=1, description="CONNECT tunnels open at once, from all clients")
+    max_connect_per_client: int = Field(32, ge=1, description="CONNECT tunnels open at once from one client address")
+    fd_reserve: int = Field(
+        2048, ge=64, le=1 << 20,
+        description="open-file descriptors kept back from the front end for the tunnel, ops port and files, so "
+        "that they keep working while the front end is saturated",
+    )
+
+    @model_validator(mode="after")
+    def _no_connect_method(self) -> GatewayFront:
+        if "CONNECT" in self.allowed_methods:
+            raise ValueError("allowed_methods: CONNECT is not a request method here; set allow_connect: true")
+        return self
 
 
 def _ip(value: str) -> str:

@@ -210,6 +210,9 @@ class LocalCluster:
         for proc in self.agents.values():
             await self.wait_ready(proc, timeout)
         await self.wait_registered(timeout)
+        for gateway in self.gateways:  # settled: until then a replica answers 503 (not 404) for unknown names
+            if gateway is not None:
+                await self.wait_ready(gateway, timeout)
 
     async def wait_ready(self, proc: Proc, timeout: float = 30.0, path: str = "/readyz") -> None:
         url = f"http://{proc.host}:{proc.metrics_port}{path}"

@@ -8,6 +8,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from raven.config import split_host_port
+from raven.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
+
+# The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood
+# there from costing the other listeners their descriptors.
+OPS_LIMITS = GuardLimits(head_timeout=10.0, idle_timeout=120.0, max_connections=512, max_per_client=64)
 
 
 async def start_ops_server(
@@ -37,7 +42,8 @@ async def start_ops_server(
         except web.HTTPNotFound:  # only unknown paths: a wrong method stays a 405 with its Allow header
             return web.Response(status=404, text=f"no endpoint {request.path!r} here; try: {endpoints}\n")
 
-    app = web.Application(middlewares=[helpful_404])
+    guard = ConnectionGuard(f"ops listener {listen}", OPS_LIMITS)
+    app = web.Application(middlewares=[guard_middleware(guard), helpful_404])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -46,5 +52,5 @@ async def start_ops_server(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_host_port(listen)
-    await web.TCPSite(runner, host, port).start()
+    await GuardedSite(runner, host, port, guard).start()
     return runner

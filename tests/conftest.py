@@ -71,7 +71,9 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
         workdir,
         [PoolSpec("pool-a", pool_a, agents=2), PoolSpec("pool-b", pool_b, agents=1)],
         allowed_ports=[port, tcp_port, 9100],
-        gateway_settings={"front": {"request_timeout": 10},
+        # POST is allowed here only so that request-body paths can be tested; the default is GET and HEAD.
+        gateway_settings={"front": {"request_timeout": 10, "allow_connect": True,
+                                    "allowed_methods": ["GET", "HEAD", "POST"]},
                           "limits": {"heartbeat_interval": 0.5, "heartbeat_timeout": 2.5}},
     )
     try:

@@ -1,0 +1,330 @@
+"""Listening sockets that hold against hostile clients: deadlines per connection phase and caps per client.
+
+aiohttp's server has one timer, the keep-alive timeout, and no cap on connections. A client that opens a few
+thousand connections and sends half a request head (or nothing) holds them until that timer fires, and when the
+process runs out of descriptors every listener fails. :class:`GuardedSite` is an aiohttp site whose connections
+go through a :class:`ConnectionGuard`:
+
+- a connection is refused (a canned ``503`` and a close, counted) when the listener already holds
+  ``max_connections`` connections, or the client's address holds ``max_per_client``;
+- a new connection must deliver a complete request head within ``head_timeout``; after a response, the next
+  request's first byte must come within ``idle_timeout`` (keep-alive) and its complete head within
+  ``head_timeout`` of that byte; a connection that misses a deadline is closed (``408`` for a started head);
+- TLS listeners get ``head_timeout`` as the TLS handshake deadline too.
+
+While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
+write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
+:meth:`ConnectionGuard.request_finished` (:func:`guarded_handler` and :func:`guard_middleware` do it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.web_runner import BaseRunner, BaseSite
+
+from raven.lograte import RateLimitedLog
+
+log = logging.getLogger("raven.listener")
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardLimits:
+    head_timeout: float = 10.0
+    idle_timeout: float = 120.0
+    max_connections: int = 8192
+    max_per_client: int = 2048
+
+
+def _canned(status: str, reason: str) -> bytes:
+    body = f"raven: {reason}\n".encode()
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\nX-Raven-Error: {reason}\r\n\r\n"
+    ).encode() + body
+
+
+_IDLE, _HEAD, _BUSY = 0, 1, 2
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """Wraps aiohttp's per-connection protocol: counts it, times its phases, passes everything else through."""
+
+    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_paused", "_phase", "_timer", "_transport")
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self._guard = guard
+        self._inner = inner
+        self._transport: asyncio.Transport | None = None
+        self._client = "?"
+        self._phase = _HEAD
+        self._timer: asyncio.TimerHandle | None = None
+        self._admitted = False
+        self._paused = False
+        self._drain: list[asyncio.Future[None]] = []
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        refusal = self._guard._admit(self._client)
+        if refusal is not None:
+            transport.write(_canned("503 Service Unavailable", refusal))
+            transport.close()
+            return
+        self._admitted = True
+        self._guard._conns[transport] = self
+        self._arm(self._guard.limits.head_timeout)  # a new connection owes a complete head
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._admitted:
+            return
+        if self._phase == _IDLE:  # the first byte of the next request: its head has a deadline now
+            self._phase = _HEAD
+            self._arm(self._guard.limits.head_timeout)
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if not self._admitted:
+            return None
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._admitted:
+            return
+        self._admitted = False
+        self._wake_drain(ConnectionResetError("client connection lost"))
+        self._guard._release(self._client, self._transport)
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_drain(None)
+        self._inner.resume_writing()
+
+    def _wake_drain(self, exc: Exception | None) -> None:
+        waiters, self._drain = self._drain, []
+        for fut in waiters:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+
+    async def drained(self) -> None:
+        """Return once the transport accepts writes again (the client read); raise if the connection is lost."""
+        if not self._admitted:
+            raise ConnectionResetError("client connection lost")
+        if not self._paused:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._drain.append(fut)
+        await fut
+
+    # ---------------------------------------------------------------- phases
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._expired)
+
+    def busy(self) -> None:
+        self._phase = _BUSY
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def idle(self) -> None:
+        if self._phase == _BUSY and self._admitted:
+            self._phase = _IDLE
+            self._arm(self._guard.limits.idle_timeout)
+
+    def _expired(self) -> None:
+        self._timer = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._phase == _HEAD:
+            self._guard._refused("head-timeout", self._client,
+                                 f"no complete request head within {self._guard.limits.head_timeout:g}s")
+            transport.write(_canned("408 Request Timeout",
+                                    f"no complete request head within {self._guard.limits.head_timeout:g}s"))
+            transport.close()
+        elif self._phase == _IDLE:
+            transport.close()  # keep-alive over: an ordinary close, not an error
+
+
+class ConnectionGuard:
+    """Counts a listener's connections per client address and runs their head and idle deadlines."""
+
+    def __init__(
+        self,
+        name: str,
+        limits: GuardLimits,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.limits = limits
+        self.on_refused = on_refused
+        self._per_client: dict[str, int] = {}
+        self._conns: dict[asyncio.BaseTransport, _GuardedProtocol] = {}
+        self._log = RateLimitedLog(log)
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    def client_connections(self, client: str) -> int:
+        return self._per_client.get(client, 0)
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        def make() -> asyncio.Protocol:
+            return _GuardedProtocol(self, factory())
+
+        return make
+
+    def _admit(self, client: str) -> str | None:
+        if len(self._conns) >= self.limits.max_connections:
+            self._refused("too-many-connections", client,
+                          f"{self.name} holds {len(self._conns)} connections (limit {self.limits.max_connections})")
+            return "too many connections; try again later"
+        held = self._per_client.get(client, 0)
+        if held >= self.limits.max_per_client:
+            self._refused("client-connections", client,
+                          f"client {client} holds {held} connections to {self.name} "
+                          f"(limit {self.limits.max_per_client} per client)")
+            return "too many connections from this address"
+        self._per_client[client] = held + 1
+        return None
+
+    def _release(self, client: str, transport: asyncio.BaseTransport | None) -> None:
+        if transport is not None:
+            self._conns.pop(transport, None)
+        held = self._per_client.get(client, 0) - 1
+        if held > 0:
+            self._per_client[client] = held
+        else:
+            self._per_client.pop(client, None)
+
+    def _refused(self, label: str, client: str, why: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(label)
+        self._log.warning(client, label, "%s: connection from %s closed: %s", self.name, client, why)
+
+    async def drained(self, request: web.BaseRequest) -> None:
+        """Wait until ``request``'s connection can take more writes (for connections taken over, e.g. CONNECT)."""
+        conn = self._conns.get(request.transport) if request.transport is not None else None
+        if conn is not None:
+            await conn.drained()
+
+    def request_started(self, request: web.BaseRequest) -> None:
+        conn = self._conns.get(request.transport) if request.transport is not None else None
+        if conn is not None:
+            conn.busy()
+
+    def request_finished(self, request: web.BaseRequest) -> None:
+        conn = self._conns.get(request.transport) if request.transport is not None else None
+        if conn is not None:
+            conn.idle()
+
+
+def guarded_handler(guard: ConnectionGuard, handler: Handler) -> Handler:
+    """A low-level ``web.Server`` handler that tells the guard when each request starts and ends."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        guard.request_started(request)
+        try:
+            return await handler(request)
+        finally:
+            guard.request_finished(request)
+
+    return handle
+
+
+def guard_middleware(guard: ConnectionGuard) -> Any:
+    """The same for a ``web.Application`` (tunnel and ops listeners)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard.request_started(request)
+        try:
+            return await handler(request)
+        finally:
+            guard.request_finished(request)
+
+    return middleware
+
+
+class GuardedSite(BaseSite):
+    """A TCP site whose connections pass through ``guard`` (and, with TLS, whose handshakes have a deadline)."""
+
+    __slots__ = ("_guard", "_host", "_port", "_reuse_address")
+
+    def __init__(
+        self,
+        runner: BaseRunner,
+        host: str,
+        port: int,
+        guard: ConnectionGuard,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        backlog: int = 1024,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._guard = guard
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if self._ssl_context is not None:
+            tls = {"ssl": self._ssl_context, "ssl_handshake_timeout": self._guard.limits.head_timeout}
+        self._server = await loop.create_server(
+            self._guard.wrap(server), self._host, self._port, backlog=self._backlog, reuse_address=True, **tls
+        )
+
+
+def descriptor_budget(reserve: int) -> int:
+    """Raise the soft open-files limit to the hard one; return how many descriptors remain beyond ``reserve``."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    except (ImportError, ValueError, OSError) as exc:
+        log.warning("could not raise the open-files limit: %s", exc)
+        return 1 << 30
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(64, soft - reserve)
