@@ -1,9 +1,11 @@
 """Serve streams opened by the gateway: check them, dial the node, relay both ways.
 
-The agent checks every stream again before it dials: the node must be one of its own
-(the address comes from its inventory, never from the gateway) and the port allowed.
-HTTP streams use a keep-alive connection pool; bodies pass through unchanged (no
-decompression). TCP streams (CONNECT) are relayed byte for byte.
+The agent checks every stream again before it dials (agent/checks.py): the node must be one of
+its own (the address comes from its inventory, never from the gateway), the port and method
+allowed, the target origin-form. A node's upstream connections are shared fairly between the
+gateway's clients (agent/fairslots.py). HTTP streams use a keep-alive connection pool; bodies
+pass through unchanged (no decompression). TCP streams (CONNECT) are relayed byte for byte.
+A RESET from the gateway aborts the upstream request at once, on every path.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 
+from agent.checks import Policy, Refused, Request, check_open
+from agent.fairslots import FairSlots, QueueFull
 from raven import wire
 from raven.aio import cancel_and_wait
+from raven.lograte import RateLimitedLog
 from raven.metrics import AgentMetrics
 from raven.mux import Stream, StreamReset
 
@@ -26,7 +32,6 @@ log = logging.getLogger("raven.agent.forwarder")
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
 )
-DEADLINE_HEADER = "x-raven-timeout-ms"
 
 
 def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> wire.Headers:
@@ -43,26 +48,28 @@ class Forwarder:
     def __init__(
         self,
         nodes: Callable[[], dict[str, str]],
-        allowed_ports: frozenset[int],
+        policy: Policy,
         metrics: AgentMetrics,
         connect_timeout: float,
-        default_timeout: float,
         connections_per_node: int,
         draining: Callable[[], bool],
         pool: str = "",
+        client_share: float = 0.5,
     ) -> None:
         self.pool = pool
         self.nodes = nodes
-        self.allowed_ports = allowed_ports
+        self.policy = policy
         self.metrics = metrics
         self.connect_timeout = connect_timeout
-        self.default_timeout = default_timeout
         self.draining = draining
         self.tasks: set[asyncio.Task[None]] = set()
         self.idle = asyncio.Event()
         self.idle.set()
         self._client: aiohttp.ClientSession | None = None
         self._connections_per_node = connections_per_node
+        self._per_client = max(1, int(client_share * connections_per_node))
+        self._slots: dict[str, FairSlots] = {}  # node -> its upstream slots (dropped when idle)
+        self._log = RateLimitedLog(log)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._client is None:
@@ -105,27 +112,32 @@ class Forwarder:
     def on_open(self, stream: Stream) -> None:
         frame = stream.open
         if self.draining():
-            self._refuse(stream, wire.ResetCode.DRAINING, "agent is draining", "draining")
+            self._refuse(stream, Refused("draining", "agent is draining", wire.ResetCode.DRAINING))
             return
-        address = self.nodes().get(frame.node)
-        if address is None:
-            self._refuse(stream, wire.ResetCode.REFUSED, f"node {frame.node!r} is not served by this agent", "node")
+        try:
+            req = check_open(frame, self.nodes().get(frame.node), self.policy)
+        except Refused as refused:
+            self._refuse(stream, refused)
             return
-        if frame.port not in self.allowed_ports:
-            self._refuse(
-                stream, wire.ResetCode.REFUSED, f"port {frame.port} is not allowed on this agent", "port"
-            )
-            return
-        coro = self._serve_http(stream, address) if frame.kind == wire.StreamKind.HTTP else self._serve_tcp(
-            stream, address
-        )
-        task = asyncio.get_running_loop().create_task(coro)
+        serve = self._serve_http if frame.kind == wire.StreamKind.HTTP else self._serve_tcp
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._in_slot(stream, req, serve))
         self.tasks.add(task)
         self.idle.clear()
         self.metrics.streams.inc()
-        task.add_done_callback(self._done)
+        # A RESET from the gateway (its client left, its deadline passed) cancels the work at once,
+        # wherever it waits: for a slot, a connection, the response head, or the node's body.
+        watch = loop.create_task(self._cancel_on_reset(stream, task))
+        task.add_done_callback(lambda t: self._done(t, watch))
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    @staticmethod
+    async def _cancel_on_reset(stream: Stream, task: asyncio.Task[None]) -> None:
+        await stream.wait_finished()
+        if stream.reset_error is not None and not task.done():
+            task.cancel()
+
+    def _done(self, task: asyncio.Task[None], watch: asyncio.Task[None]) -> None:
+        watch.cancel()
         self.tasks.discard(task)
         if not self.tasks:
             self.idle.set()
@@ -133,101 +145,146 @@ class Forwarder:
         if not task.cancelled() and task.exception() is not None:
             log.error("stream handler failed: %r", task.exception())
 
-    def _refuse(self, stream: Stream, code: wire.ResetCode, reason: str, label: str) -> None:
-        log.warning("refused stream for %s:%d (pool %s): %s", stream.open.node, stream.open.port, self.pool, reason)
-        self.metrics.refused.labels(label).inc()
-        stream.reset(code, reason)
+    def _refuse(self, stream: Stream, refused: Refused) -> None:
+        frame = stream.open
+        self._log.warning(f"{frame.node}:{refused.label}", refused.label, "refused stream for %s:%d (pool %s): %s",
+                          frame.node, frame.port, self.pool, refused.reason)
+        self.metrics.refused.labels(refused.label).inc()
+        stream.reset(refused.code, refused.reason)
+
+    async def _in_slot(
+        self, stream: Stream, req: Request, serve: Callable[[Stream, Request], Awaitable[None]]
+    ) -> None:
+        """Serve ``stream`` once one of its node's upstream slots is free for this client (fair queue)."""
+        node = stream.open.node
+        slots = self._slots.get(node)
+        if slots is None:
+            slots = self._slots[node] = FairSlots(self._connections_per_node, self._per_client,
+                                                  max_waiting=4 * self._connections_per_node)
+        try:
+            try:
+                async with asyncio.timeout(req.timeout):
+                    await slots.acquire(req.client)
+            except QueueFull as exc:
+                self._refuse(stream, Refused("queue-full", f"node {node} is busy: {exc}", wire.ResetCode.LIMIT))
+                return
+            except TimeoutError:
+                self._refuse(stream, Refused("queue-timeout", f"waited {req.timeout:.1f}s for a connection to node "
+                                             f"{node}", wire.ResetCode.TIMEOUT))
+                return
+            except asyncio.CancelledError:
+                self._cancelled(stream)
+                raise
+            try:
+                await serve(stream, req)
+            finally:
+                slots.release(req.client)
+        finally:
+            stream.close()
+            if slots.idle and self._slots.get(node) is slots:
+                del self._slots[node]
+
+    def _cancelled(self, stream: Stream) -> None:
+        """The serving task was cancelled: by a RESET from the gateway, or because the agent stops."""
+        err = stream.reset_error
+        if err is None:
+            stream.reset(wire.ResetCode.CANCEL, "agent shutting down")
+        else:
+            log.info("stream to %s ended by the gateway: %s", stream.open.node, err.reason)
 
     # ------------------------------------------------------------ HTTP
-
-    def _deadline(self, headers: wire.Headers) -> tuple[float, wire.Headers]:
-        timeout = self.default_timeout
-        kept = []
-        for name, value in headers:
-            if name.lower() == DEADLINE_HEADER:
-                with contextlib.suppress(ValueError):
-                    timeout = min(timeout, max(0.001, int(value) / 1000))
-                continue
-            kept.append((name, value))
-        return timeout, tuple(kept)
 
     async def _request_body(self, stream: Stream) -> AsyncIterator[bytes]:
         while chunk := await stream.read():
             self.metrics.bytes.labels("to_node").inc(len(chunk))
             yield bytes(chunk)
 
-    async def _serve_http(self, stream: Stream, address: str) -> None:
+    async def _serve_http(self, stream: Stream, req: Request) -> None:
         frame = stream.open
-        timeout, headers = self._deadline(frame.headers)
-        url = f"http://{_url_host(address)}:{frame.port}{frame.target}"
         start = time.monotonic()
         code = "error"
+        resp: aiohttp.ClientResponse | None = None
+        complete = False
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(req.timeout):
                 try:
                     resp = await self._http().request(
                         frame.method,
-                        url,
-                        headers=list(headers),
+                        req.url,
+                        headers=list(req.headers),
                         data=None if frame.fin else self._request_body(stream),
                         allow_redirects=False,
                         compress=None,
                     )
                 except aiohttp.ClientConnectorError as exc:
                     code = "connect-failed"
-                    stream.reset(wire.ResetCode.CONNECT_FAILED, f"cannot connect to {frame.node} ({address}:"
-                                 f"{frame.port}): {exc.os_error.strerror or exc.os_error}")
+                    why = _os_reason(exc.os_error, req.address)
+                    self._log.warning(frame.node, "connect", "cannot connect to node %s at %s:%d: %s", frame.node,
+                                      req.address, frame.port, why)
+                    stream.reset(wire.ResetCode.CONNECT_FAILED,
+                                 f"cannot connect to node {frame.node} port {frame.port}: {why}")
                     return
                 except (aiohttp.ClientError, ConnectionError) as exc:
                     code = "connect-failed"
+                    self._log.warning(frame.node, "request", "request to node %s at %s:%d failed: %s", frame.node,
+                                      req.address, frame.port, _safe(exc))
                     stream.reset(wire.ResetCode.CONNECT_FAILED,
-                                 f"request to {frame.node} ({address}:{frame.port}) failed: {_safe(exc)}")
+                                 f"request to node {frame.node} port {frame.port} failed: {_safe(exc, req.address)}")
                     return
+                odd = _odd_status(resp.status)
+                if odd:
+                    code = "bad-status"
+                    stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"node {frame.node} {odd}")
+                    return
+                code = str(resp.status)
+                stream.send_head(resp.status, resp.reason or "", _response_headers(resp.raw_headers))
+                sent = chunks = 0
+                length = resp.content_length if frame.method != "HEAD" else None
                 try:
-                    code = str(resp.status)
-                    stream.send_head(resp.status, resp.reason or "", _response_headers(resp.raw_headers))
-                    sent = chunks = 0
-                    length = resp.content_length if frame.method != "HEAD" else None
-                    try:
-                        async for chunk in resp.content.iter_any():
-                            sent += len(chunk)
-                            chunks += 1
-                            # The chunk that completes a known length carries FIN: one frame less.
-                            await stream.write(chunk, end=length is not None and sent >= length)
-                    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
-                        code = "broken"
-                        log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))
-                        stream.reset(wire.ResetCode.UPSTREAM_BROKEN,
-                                     f"response from {frame.node} broke after {sent} bytes: {_safe(exc)}")
-                        return
-                    stream.end()
-                    self.metrics.bytes.labels("from_node").inc(sent)
-                    log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node,
-                              chunks)
-                finally:
-                    resp.release()
+                    async for chunk in resp.content.iter_any():
+                        sent += len(chunk)
+                        chunks += 1
+                        # The chunk that completes a known length carries FIN: one frame less.
+                        await stream.write(chunk, end=length is not None and sent >= length)
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
+                    code = "broken"
+                    log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))
+                    stream.reset(wire.ResetCode.UPSTREAM_BROKEN,
+                                 f"response from {frame.node} broke after {sent} bytes: {_safe(exc, req.address)}")
+                    return
+                stream.end()
+                complete = True
+                self.metrics.bytes.labels("from_node").inc(sent)
+                log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)
         except TimeoutError:
             code = "timeout"
-            stream.reset(wire.ResetCode.TIMEOUT, f"node {frame.node} did not answer within {timeout:.1f}s")
+            stream.reset(wire.ResetCode.TIMEOUT, f"node {frame.node} did not answer within {req.timeout:.1f}s")
         except StreamReset as exc:
             code = "cancelled"
             log.info("stream to %s ended by the gateway: %s", frame.node, exc.reason)
         except asyncio.CancelledError:
-            stream.reset(wire.ResetCode.CANCEL, "agent shutting down")
+            code = "cancelled"
+            self._cancelled(stream)
             raise
         except Exception as exc:
             code = "internal"
             log.exception("forwarding to %s failed", frame.node)
-            stream.reset(wire.ResetCode.INTERNAL, f"agent error: {_safe(exc)}")
+            stream.reset(wire.ResetCode.INTERNAL, f"agent error: {_safe(exc, req.address)}")
         finally:
-            stream.close()
+            if resp is not None:
+                # A response not read to its end must not go back to the pool: close its connection.
+                if complete:
+                    resp.release()
+                else:
+                    resp.close()
             self.metrics.requests.labels(frame.node, "http", code).inc()
             self.metrics.latency.labels(frame.node).observe(time.monotonic() - start)
 
     # ------------------------------------------------------------ TCP
 
-    async def _serve_tcp(self, stream: Stream, address: str) -> None:
+    async def _serve_tcp(self, stream: Stream, req: Request) -> None:
         frame = stream.open
+        address = req.address
         code = "error"
         writer: asyncio.StreamWriter | None = None
         try:
@@ -236,9 +293,11 @@ class Forwarder:
                     reader, writer = await asyncio.open_connection(address, frame.port)
             except (OSError, TimeoutError) as exc:
                 code = "connect-failed"
-                why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or _safe(exc))
+                why = "timed out" if isinstance(exc, TimeoutError) else _os_reason(exc, address)
+                self._log.warning(frame.node, "connect", "cannot connect to node %s at %s:%d: %s", frame.node,
+                                  address, frame.port, why)
                 stream.reset(wire.ResetCode.CONNECT_FAILED,
-                             f"cannot connect to {frame.node} ({address}:{frame.port}): {why}")
+                             f"cannot connect to node {frame.node} port {frame.port}: {why}")
                 return
             stream.send_head(200, "Connection established", ())
             code = "200"
@@ -246,10 +305,9 @@ class Forwarder:
         except StreamReset as exc:
             log.info("tcp stream to %s ended: %s", frame.node, exc.reason)
         except asyncio.CancelledError:
-            stream.reset(wire.ResetCode.CANCEL, "agent shutting down")
+            self._cancelled(stream)
             raise
         finally:
-            stream.close()
             self.metrics.requests.labels(frame.node, "tcp", code).inc()
             if writer is not None:
                 writer.close()
@@ -305,9 +363,37 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def _safe(exc: BaseException) -> str:
-    """An error for a log line or a peer: its type and message, never the request (headers hold tokens)."""
+def _safe(exc: BaseException, address: str = "") -> str:
+    """An error for a log line or a peer: its type and message, never the request (headers hold tokens).
+
+    With ``address``, that internal address is masked (the text goes to the gateway and its clients).
+    """
     text = str(exc).split("\n", 1)[0]
     if isinstance(exc, aiohttp.ClientResponseError):
         text = f"{exc.status} {exc.message}"
+    if address:
+        text = text.replace(address, "<node>")
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _os_reason(err: OSError, address: str) -> str:
+    """Why a connection failed, without the node's internal address ("Connection refused")."""
+    if err.errno:
+        return os.strerror(err.errno)
+    return _safe(err, address)
+
+
+def _odd_status(status: int) -> str:
+    """Why a final status from a node cannot be passed on ("" when it can).
+
+    aiohttp's client skips interim 100/102/103 responses itself; what reaches here as final is refused
+    when it is a 1xx (101 Switching Protocols, never asked for: the agent forwards no Upgrade) or outside
+    100-599, since a client would take it as a final answer and hang.
+    """
+    if status == 101:
+        return "answered 101 Switching Protocols without an upgrade request"
+    if 100 <= status < 200:
+        return f"answered interim status {status} as a final response"
+    if not 200 <= status <= 599:
+        return f"answered status {status}, outside 100-599"
+    return ""

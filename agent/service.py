@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from agent.checks import Policy
 from agent.forwarder import Forwarder
 from agent.targets import DialTarget, Resolution, resolve
 from raven import pki, wire
@@ -79,13 +80,14 @@ class Agent:
         self._nodes = dict(self._static_nodes)
         self.forwarder = Forwarder(
             nodes=lambda: self._nodes,
-            allowed_ports=frozenset(cfg.allowed_ports),
+            policy=Policy(frozenset(cfg.allowed_ports), frozenset(cfg.allowed_methods), cfg.allow_connect,
+                          cfg.request_timeout),
             metrics=self.metrics,
             connect_timeout=cfg.connect_timeout,
-            default_timeout=cfg.request_timeout,
             connections_per_node=cfg.upstream_connections_per_node,
             draining=lambda: self.draining,
             pool=self.pool,
+            client_share=cfg.upstream_client_share,
         )
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self._rng = random.Random()

@@ -470,12 +470,16 @@ class Proxy:
         deadline: float,
         start: float,
     ) -> web.StreamResponse:
+        if not 200 <= head.status <= 599:  # agents refuse interim and odd statuses; one that sends them is broken
+            stream.reset(wire.ResetCode.PROTOCOL, f"status {head.status} is not a final HTTP status")
+            raise Refusal(502, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: the agent "
+                               f"sent status {head.status}, not a final HTTP status")
         resp = _RelayResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
         length = _content_length(out_headers.get("Content-Length"))
         resp.headers.extend(out_headers)
         resp.headers["X-Raven-Agent"] = chosen.agent
-        no_body = request.method == "HEAD" or head.status in (204, 304) or 100 <= head.status < 200
+        no_body = request.method == "HEAD" or head.status in (204, 304)
         if length is not None:
             resp.content_length = length
         elif request.version >= (1, 1) and not no_body:

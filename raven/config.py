@@ -321,7 +321,18 @@ class AgentConfig(_Model):
     allowed_ports: list[Port] = Field(default_factory=lambda: [9100, 9400])
     connect_timeout: Seconds = Field(3.0, description="deadline to open a connection to a node port")
     request_timeout: Seconds = Field(30.0, description="default deadline when the gateway sends none")
-    upstream_connections_per_node: int = Field(16, ge=1, le=1024)
+    upstream_connections_per_node: int = Field(
+        16, ge=1, le=1024, description="requests (HTTP or TCP) to one node at once; more wait in a fair queue",
+    )
+    upstream_client_share: float = Field(
+        0.5, gt=0, le=1, allow_inf_nan=False,
+        description="share of a node's upstream connections one gateway client may hold (its fairness key)",
+    )
+    allowed_methods: list[Annotated[str, AfterValidator(_method)]] = Field(
+        default_factory=lambda: ["GET", "HEAD"],
+        description="HTTP methods this agent passes to nodes, whatever the gateway sends",
+    )
+    allow_connect: bool = Field(False, description="serve CONNECT (raw TCP) streams to allowed ports")
     metrics_listen: HostPort = "0.0.0.0:10266"
     tls: TLSConfig
     limits: TunnelLimits = TunnelLimits()

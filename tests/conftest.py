@@ -75,6 +75,7 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
         gateway_settings={"front": {"request_timeout": 10, "allow_connect": True,
                                     "allowed_methods": ["GET", "HEAD", "POST"]},
                           "limits": {"heartbeat_interval": 0.5, "heartbeat_timeout": 2.5}},
+        agent_settings={"allow_connect": True, "allowed_methods": ["GET", "HEAD", "POST"]},
     )
     try:
         await cluster.start()

@@ -82,6 +82,7 @@ async def door(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Door]:
             },
             "limits": {"handshake_timeout": HEAD_TIMEOUT, "heartbeat_interval": 0.5, "heartbeat_timeout": 2.5},
         },
+        agent_settings={"allow_connect": True},
     )
     try:
         await cluster.start()
@@ -386,3 +387,37 @@ async def test_a_restarted_replica_answers_503_not_404_until_settled(door: Door)
     assert statuses.get(200, 0) > 20, statuses
     if 503 in statuses:
         assert retry_after == {"2"}, retry_after
+
+
+async def test_clients_that_give_up_release_the_agent_at_once(door: Door) -> None:
+    """Eight scrapes (the node's limit here, from two client addresses) of a node that never answers; the
+    clients leave after 1 s. The gateway resets their streams and the agent aborts its upstream requests:
+    its streams are back to zero at once, and the node serves the next scrape."""
+    door.exporter.set_mode("door-1", "stall")
+    try:
+        async def give_up(source: str) -> None:
+            connector = aiohttp.TCPConnector(local_addr=(source, 0))
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1)) as http:
+                    await http.get(f"http://127.0.0.1:{door.cluster.front_port}/metrics",
+                                   headers={"Host": f"door-1:{door.port}"})
+
+        async def held() -> bool:
+            return await agent_streams(door) == 8
+
+        clients = [asyncio.ensure_future(give_up(ATTACKERS[i % 2])) for i in range(8)]
+        await eventually(held, timeout=5, what="8 streams at the agent")
+        await asyncio.gather(*clients)
+        loop = asyncio.get_running_loop()
+        left = loop.time()
+
+        async def released() -> bool:
+            return await agent_streams(door) == 0 and await gateway_streams(door) == 0
+
+        await eventually(released, timeout=5, interval=0.01, what="streams released")
+        took = loop.time() - left
+        print(f"agent and gateway streams at zero {took * 1000:.0f} ms after the clients left")
+        assert took < 1.0, took
+    finally:
+        door.exporter.set_mode("door-1", "ok")
+    await scrape(door)

@@ -1,0 +1,104 @@
+"""What the agent accepts from its gateway: every OPEN is checked again here, whatever the gateway checked.
+
+A compromised or buggy gateway must not turn the agent into an open proxy into the edge network. So the
+address comes only from the agent's inventory, the port only from its allowlist, the method only from its
+allowlist, and the request target must be origin-form. The upstream URL is built from those parts with yarl
+(never by pasting strings) and checked once more before anything is dialled. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from yarl import URL
+
+from raven import wire
+
+MAX_TARGET = 8192
+# Origin-form (RFC 9112 section 3.2.1): an absolute path and an optional query, printable ASCII without
+# spaces; no fragment, no backslash (some servers read it as '/').
+_ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%]*")
+# Headers the agent consumes or drops: Raven's own, and the ones that frame the message on the node
+# connection (aiohttp frames the body it sends itself; a gateway must not choose the framing).
+_DROP = frozenset({
+    "connection", "content-length", "keep-alive", "proxy-authorization", "proxy-connection", "te", "trailer",
+    "transfer-encoding", "upgrade",
+})
+DEADLINE_HEADER = "x-raven-timeout-ms"
+CLIENT_HEADER = "x-raven-client"
+_CLIENT_KEY = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
+class Refused(Exception):
+    """An OPEN the agent will not serve: ``label`` is a fixed word for metrics, ``reason`` goes to the gateway."""
+
+    def __init__(self, label: str, reason: str, code: wire.ResetCode = wire.ResetCode.REFUSED) -> None:
+        super().__init__(reason)
+        self.label = label
+        self.reason = reason
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An OPEN that passed every check: what to dial and what to send."""
+
+    url: URL  # built from the inventory address, the allowed port and the checked target
+    address: str
+    headers: wire.Headers  # without Raven's own and without framing headers
+    timeout: float  # the gateway's deadline (never longer than the agent's own)
+    client: str  # fairness key ("-" when the gateway sent none)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    allowed_ports: frozenset[int]
+    allowed_methods: frozenset[str]
+    allow_connect: bool
+    default_timeout: float
+
+
+def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request:
+    """Check one OPEN against the agent's own inventory address and policy; raise :class:`Refused`."""
+    node = frame.node
+    if address is None:
+        raise Refused("node", f"node {node!r} is not served by this agent")
+    if frame.port not in policy.allowed_ports:
+        raise Refused("port", f"port {frame.port} is not allowed on this agent")
+    if frame.kind == wire.StreamKind.TCP:
+        if not policy.allow_connect:
+            raise Refused("connect", "CONNECT (raw TCP) is not enabled on this agent")
+    elif frame.method not in policy.allowed_methods:
+        raise Refused("method", f"method {frame.method[:20]!r} is not allowed on this agent")
+    timeout, client, headers = _split_headers(frame.headers, policy.default_timeout)
+    if frame.kind == wire.StreamKind.TCP:
+        return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (), timeout, client)
+    target = frame.target
+    if len(target) > MAX_TARGET:
+        raise Refused("target", f"request target of {len(target)} characters (limit {MAX_TARGET})")
+    if not _ORIGIN_FORM.fullmatch(target):
+        raise Refused("target", f"request target {target[:80]!r} is not origin-form (/path?query)")
+    path, _, query = target.partition("?")
+    url = URL.build(scheme="http", host=address, port=frame.port, path=path, query_string=query, encoded=True)
+    # Belt and braces: whatever the target held, the URL goes to the inventory address and allowed port only.
+    if url.host != address.strip("[]") or url.port != frame.port or url.user is not None:
+        raise Refused("target", f"request target {target[:80]!r} would leave node {node!r}")
+    return Request(url, address, headers, timeout, client)
+
+
+def _split_headers(headers: wire.Headers, default_timeout: float) -> tuple[float, str, wire.Headers]:
+    timeout = default_timeout
+    client = "-"
+    kept = []
+    for name, value in headers:
+        low = name.lower()
+        if low == DEADLINE_HEADER:
+            if value.isascii() and value.isdigit() and len(value) <= 9:
+                timeout = min(timeout, max(0.001, int(value) / 1000))
+        elif low == CLIENT_HEADER:
+            if _CLIENT_KEY.fullmatch(value):
+                client = value
+        elif not low.startswith("x-raven-") and low not in _DROP:
+            kept.append((name, value))
+    return timeout, client, tuple(kept)
