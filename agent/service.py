@@ -91,7 +91,7 @@ class Agent:
         )
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self._rng = random.Random()
-        self.refused: list[tuple[str, str]] = []
+        self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
 
     def ready(self) -> tuple[bool, str]:
         if self.draining:
@@ -111,6 +111,7 @@ class Agent:
         log.info("pool %s now has %d node(s) (%d from Node objects)", self.pool, len(merged), len(found))
         self._nodes = merged
         register = wire.Register(self.node_infos())
+        self.refused.clear()
         for session in list(self.sessions):
             session.send_control(register)
 
@@ -147,7 +148,7 @@ class Agent:
                 target.url,
                 ssl=self.reloader.current,
                 server_hostname=target.server_hostname,
-                max_msg_size=lim.max_frame,
+                max_msg_size=lim.max_frame + 1,  # aiohttp's limit is exclusive; the wire decoder's is not
                 compress=0,
                 autoping=True,
                 autoclose=True,
@@ -200,9 +201,12 @@ class Agent:
 
         def on_control(frame: wire.ControlFrame) -> None:
             if isinstance(frame, wire.Registered):
-                self.refused = list(frame.refused)
-                for name, reason in frame.refused:
+                # A large answer comes as several REGISTERED frames, each with part of it.
+                self.refused.update(frame.refused)
+                for name, reason in frame.refused[:20]:
                     log.error("gateway %s refused node %r: %s", welcome.replica, name, reason)
+                if len(frame.refused) > 20:
+                    log.error("gateway %s refused %d more node(s)", welcome.replica, len(frame.refused) - 20)
                 log.info("gateway %s accepted %d node(s), refused %d", welcome.replica, len(frame.accepted),
                          len(frame.refused))
                 registered.set()

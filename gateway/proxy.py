@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.auth import FrontAuth
 from gateway.registry import AgentSession, NodeEntry, Registry
 from raven import wire
 from raven.aio import cancel_and_wait
@@ -227,6 +228,7 @@ class Proxy:
         draining: Callable[[], bool],
         guard: ConnectionGuard,
         settled: Callable[[], bool] = lambda: True,
+        auth: FrontAuth | None = None,
     ) -> None:
         self.cfg = cfg
         self.registry = registry
@@ -244,6 +246,9 @@ class Proxy:
         self.draining = draining
         self.guard = guard
         self.settled = settled
+        self.auth = auth or FrontAuth(None)
+        # Host-header mode: the bearer token is for the gateway, never for the node.
+        self.drop_headers = FORWARDED | {"host", *(["authorization"] if self.auth.enabled else [])}
 
     # ------------------------------------------------------------ entry point
 
@@ -252,6 +257,11 @@ class Proxy:
         pool = node = "-"
         kind = "http"
         try:
+            # Credentials first: nothing about nodes, ports or methods is revealed to a client without them.
+            proxy_mode = request.method == "CONNECT" or request.raw_path.startswith(("http://", "https://"))
+            denied = self.auth.check(request.headers.get, proxy_mode)
+            if denied is not None:
+                raise Refusal(denied.status, denied.reason, "auth", denied.headers)
             self._check_method(request)
             target = parse_target(request)
             kind = target.kind.name.lower()
@@ -432,7 +442,9 @@ class Proxy:
         self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
     ) -> web.StreamResponse:
         client = request.remote or "?"
-        headers = filter_headers(request.headers.items(), FORWARDED | {"host"})
+        # In proxy mode the client's own Authorization is for the node and passes through.
+        proxy_mode = request.raw_path.startswith("http")
+        headers = filter_headers(request.headers.items(), FORWARDED | {"host"} if proxy_mode else self.drop_headers)
         remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
         headers = (
             ("Host", f"{target.node}:{target.port}"), *headers,

@@ -83,21 +83,35 @@ class Registry:
         self,
         on_change: Callable[[], None] | None = None,
         rebind_after: float = 3600.0,
-        max_nodes_per_session: int = 10000,
+        max_nodes_per_agent: int = 10000,
         name_suffixes: tuple[str, ...] = (),
+        max_nodes_total: int = 50000,
+        hosts_budget: int | None = None,
+        hosts_cost: Callable[[str], int] = lambda name: 0,
     ) -> None:
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self.nodes: dict[str, NodeEntry] = {}
         self.pool_nodes: dict[str, set[str]] = {}  # pool -> node names, for per-pool work without a scan
         self.on_change = on_change
         self.rebind_after = rebind_after
-        self.max_nodes_per_session = max_nodes_per_session
+        # Caps count per agent identity (all its sessions together), and in total.
+        self.max_nodes_per_agent = max_nodes_per_agent
+        self.max_nodes_total = max_nodes_total
+        # The hosts file must fit where it is published (a ConfigMap holds 1 MiB): each name costs
+        # hosts_cost(name) bytes of it, and names that would not fit are refused at registration.
+        self.hosts_budget = hosts_budget
+        self.hosts_cost = hosts_cost
+        self.hosts_bytes = 0
         self.name_suffixes = name_suffixes  # dotted names an agent may claim (besides Node objects)
         # In Kubernetes, the Node objects say which pool a node is in: name -> pool, or None until synced.
         self.authority: dict[str, str | None] | None = None
         self._turn = 0
 
     # ------------------------------------------------------------ sessions
+
+    def agent_sessions(self, agent: str) -> int:
+        """Sessions this agent identity holds now (to this replica)."""
+        return sum(1 for (name, _) in self.sessions if name == agent)
 
     def add_session(self, s: AgentSession) -> AgentSession | None:
         """Add a session; returns the older session with the same key, which the caller closes."""
@@ -137,6 +151,7 @@ class Registry:
 
     def _forget(self, entry: NodeEntry) -> None:
         del self.nodes[entry.name]
+        self.hosts_bytes -= self.hosts_cost(entry.name)
         names = self.pool_nodes.get(entry.pool)
         if names is not None:
             names.discard(entry.name)
@@ -154,12 +169,28 @@ class Registry:
         refused: list[tuple[str, str]] = []
         wanted: dict[str, wire.NodeInfo] = {}
         s.last_register = tuple(nodes)
+        # What the same agent identity holds through its other sessions counts against its cap too.
+        held = set().union(*(x.nodes for x in self.sessions.values() if x.agent == s.agent and x is not s))
+        new_names = 0  # names this registration adds to the registry (for the total cap and hosts budget)
+        new_bytes = 0
         for info in s.last_register:
             reason = self._refusal(s, info)
             if reason is None and info.name in wanted:
                 reason = "listed twice in one registration"
-            if reason is None and len(wanted) >= self.max_nodes_per_session:
-                reason = f"more than {self.max_nodes_per_session} nodes in one registration"
+            if reason is None and info.name not in held and len(wanted) + len(held) >= self.max_nodes_per_agent:
+                reason = f"agent {s.agent} may register at most {self.max_nodes_per_agent} nodes (max_nodes_per_agent)"
+            if reason is None and info.name not in self.nodes:
+                if len(self.nodes) + new_names >= self.max_nodes_total:
+                    reason = f"this gateway holds {self.max_nodes_total} nodes already (max_nodes_total)"
+                elif self.hosts_budget is not None:
+                    cost = self.hosts_cost(info.name)
+                    if self.hosts_bytes + new_bytes + cost > self.hosts_budget:
+                        reason = (f"the hosts file would exceed {self.hosts_budget} bytes, the most its ConfigMap "
+                                  "can hold")
+                    else:
+                        new_bytes += cost
+                if reason is None:
+                    new_names += 1
             if reason is not None:
                 refused.append((info.name, reason))
                 if len(refused) <= MAX_LOGGED_REFUSALS:
@@ -191,6 +222,8 @@ class Registry:
                                 name, entry.pool, info.pool)
                 if entry is not None:
                     self.pool_nodes.get(entry.pool, set()).discard(name)
+                else:
+                    self.hosts_bytes += self.hosts_cost(name)
                 entry = NodeEntry(name, info.address, info.pool)
                 self.nodes[name] = entry
                 self.pool_nodes.setdefault(info.pool, set()).add(name)

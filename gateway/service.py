@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from gateway.auth import FrontAuth, TokenSet
 from gateway.proxy import Proxy
 from gateway.registry import RESERVED_NAMES, RESERVED_SUFFIXES, Registry
 from gateway.tunnel import TunnelEndpoint
 from raven import pki, wire
 from raven.config import GatewayConfig, split_host_port
-from raven.hosts import HostsPublisher, file_sink
+from raven.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
 from raven.listener import (
     ConnectionGuard,
     GuardedSite,
@@ -39,8 +40,15 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         self.metrics = GatewayMetrics()
-        self.registry = Registry(rebind_after=cfg.node_rebind_after, max_nodes_per_session=cfg.max_nodes_per_agent,
-                                 name_suffixes=tuple(cfg.allowed_name_suffixes))
+        budget: int | None = None
+        if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
+            budget = CONFIGMAP_MAX_BYTES - 4096  # room for the file's header lines
+        addresses = cfg.hosts.service_addresses
+        self.registry = Registry(
+            rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
+            name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
+            hosts_budget=budget, hosts_cost=lambda name: sum(len(a) + len(name) + 2 for a in addresses),
+        )
         sinks = []
         if cfg.hosts.file is not None:
             sinks.append((str(cfg.hosts.file), file_sink(cfg.hosts.file)))
@@ -77,8 +85,11 @@ class Gateway:
                         cfg.tunnel.max_connections_per_address),
             on_refused=lambda label: self.metrics.handshake_failures.labels(label).inc(),
         )
+        tokens = TokenSet(front.auth.token_files, front.auth.reload_interval) if front.auth.token_files else None
+        self.auth = FrontAuth(tokens)
+        self.front_reloader = CertReloader(front.tls, server=True) if front.tls is not None else None
         self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
-                           settled=self.settled)
+                           settled=self.settled, auth=self.auth)
         self._runners: list[web.BaseRunner] = []
         self._background: list[asyncio.Task[None]] = []
         self.kube_nodes: dict[str, KubeNode] = {}
@@ -138,7 +149,8 @@ class Gateway:
             for agent_session, accepted, refused in self.registry.set_authority(
                 {n.name: n.pool for n in nodes.values()}
             ):
-                agent_session.session.send_control(wire.Registered(tuple(accepted), tuple(refused)))
+                for answer in wire.split_registered(accepted, refused):
+                    agent_session.session.send_control(answer)
             self.kube_synced = True
             self.hosts.changed()
 
@@ -165,6 +177,14 @@ class Gateway:
             self._background.append(asyncio.get_running_loop().create_task(elector.run(), name="lease"))
         log.info("watching edge Nodes (label %s%s)", k.pool_label, f", selector {k.node_selector}" if k.node_selector
                  else "")
+
+    def _authorize_ops(self, request: web.Request) -> web.Response | None:
+        """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization)."""
+        denied = self.auth.check_bearer(request.headers.get)
+        if denied is None:
+            return None
+        self.metrics.front_refused.labels("auth").inc()
+        return web.Response(status=denied.status, text=f"raven: {denied.reason}\n", headers=denied.headers)
 
     async def hosts_file(self, _: web.Request) -> web.Response:
         return web.Response(text=self.hosts.current(), content_type="text/plain")
@@ -234,15 +254,29 @@ class Gateway:
         self._runners.append(front_runner)
         for listen in (self.cfg.front.listen, *self.cfg.front.also_listen):
             host, port = split_host_port(listen)
-            await GuardedSite(front_runner, host, port, self.front_guard).start()
+            await GuardedSite(front_runner, host, port, self.front_guard,
+                              ssl_context=self.front_reloader.listener if self.front_reloader else None).start()
+        if self.auth.enabled:
+            log.info("front end: bearer tokens required (%d accepted)", len(self.auth.tokens.tokens())
+                     if self.auth.tokens else 0)
+        elif self.front_reloader is not None:
+            log.info("front end: client certificates required (TLS)")
+        elif self.cfg.front.auth.mode == "none":
+            log.warning("front end: NO credentials required (front.auth.mode: none): anything that reaches %s can "
+                        "scrape every edge node; limit it with a NetworkPolicy", self.cfg.front.listen)
+        else:
+            log.info("front end: no credentials required (it listens on loopback only)")
 
         self._runners.append(
             await start_ops_server(
                 self.cfg.metrics_listen, self.metrics.registry, self.ready,
                 [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes)],
+                authorize=self._authorize_ops if self.auth.enabled else None,
             )
         )
         self.reloader.start()
+        if self.front_reloader is not None:
+            self.front_reloader.start()
         if self.cfg.kubernetes.enabled:
             await self.start_kubernetes()
         if self.hosts.sinks:
@@ -270,6 +304,8 @@ class Gateway:
         sessions = [s.session for s in self.registry.sessions.values()]
         await asyncio.gather(*(s.close("gateway stopping", 9) for s in sessions), return_exceptions=True)
         await self.reloader.stop()
+        if self.front_reloader is not None:
+            await self.front_reloader.stop()
         await self.hosts.stop()
         for task in self._background:
             task.cancel()

@@ -6,17 +6,39 @@ import asyncio
 import logging
 import ssl
 import time
+from collections import OrderedDict
 
 from aiohttp import web
 
 from gateway.registry import AgentSession, Registry
 from raven import pki, wire
 from raven.config import GatewayConfig
+from raven.lograte import RateLimitedLog
 from raven.metrics import GatewayMetrics
 from raven.mux import Session, Stream
 from raven.transport import WebSocketSink, messages
 
 log = logging.getLogger("raven.gateway.tunnel")
+
+
+class Buckets:
+    """Token buckets per key (an agent identity): ``rate`` per second after a ``burst``; the table is bounded."""
+
+    def __init__(self, rate: float, burst: int, max_keys: int = 65536) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.max_keys = max_keys
+        self._state: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
+
+    def take(self, key: str, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        tokens, at = self._state.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        ok = tokens >= 1.0
+        self._state[key] = (tokens - 1.0 if ok else tokens, now)
+        while len(self._state) > self.max_keys:
+            self._state.popitem(last=False)  # forgetting a key only gives it a fresh burst
+        return ok
 
 
 class TunnelEndpoint:
@@ -29,6 +51,9 @@ class TunnelEndpoint:
         self.handlers: set[asyncio.Task[None]] = set()
         self.last_session_at = time.monotonic()
         self._tls_logged: dict[str, tuple[float, int]] = {}
+        self._log = RateLimitedLog(log)
+        self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
+        self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
 
     TLS_LOG_EVERY = 60.0  # seconds: the same TLS failure is logged once per interval, with a count
 
@@ -52,8 +77,9 @@ class TunnelEndpoint:
         log.warning("TLS handshake on the tunnel port failed: %s%s%s", detail, hint, more)
 
     def _refuse(self, peer: str, reason: str, status: int, label: str | None = None) -> web.Response:
-        log.warning("tunnel handshake from %s refused: %s", peer, reason)
-        self.metrics.handshake_failures.labels(label or reason.split(":")[0][:40]).inc()
+        label = label or reason.split(":")[0][:40]
+        self._log.warning(peer, label, "tunnel handshake from %s refused: %s", peer, reason)
+        self.metrics.handshake_failures.labels(label).inc()
         return web.Response(status=status, text=reason + "\n")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -72,7 +98,8 @@ class TunnelEndpoint:
             return self._refuse(peer, f"certificate {ident.common_name!r} is not an agent certificate with pools", 403,
                                 label="not-an-agent-certificate")
 
-        ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame, compress=False, autoping=True)
+        # aiohttp refuses a message of exactly max_msg_size; the wire decoder enforces max_frame, inclusive.
+        ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame + 1, compress=False, autoping=True)
         await ws.prepare(request)
         task = asyncio.current_task()
         if task is not None:
@@ -108,7 +135,23 @@ class TunnelEndpoint:
         expected = ident.agent or ident.common_name
         if hello.agent != expected:
             await self._goaway(ws, f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}",
-                               label="hello-agent-mismatch")
+                               label="hello-agent-mismatch", peer=peer)
+            return None
+        cfg = self.cfg
+        held = self.registry.agent_sessions(expected)
+        if held >= cfg.max_sessions_per_agent:
+            await self._goaway(ws, f"agent {expected} already holds {held} sessions to this gateway (limit "
+                                   f"{cfg.max_sessions_per_agent}, max_sessions_per_agent)",
+                               label="agent-session-cap", peer=expected)
+            return None
+        if len(self.registry.sessions) >= cfg.max_sessions_total:
+            await self._goaway(ws, f"this gateway holds {len(self.registry.sessions)} agent sessions (limit "
+                                   f"{cfg.max_sessions_total}, max_sessions_total)", label="session-cap", peer=expected)
+            return None
+        if not self.session_buckets.take(expected):
+            await self._goaway(ws, f"agent {expected} opens sessions too often (more than {cfg.session_burst} at "
+                                   f"once, then {cfg.session_rate:g} per second): back off",
+                               label="session-rate", peer=expected)
             return None
         if wire.PROTOCOL_VERSION not in hello.versions:
             await self._goaway(
@@ -117,10 +160,11 @@ class TunnelEndpoint:
             return None
         return hello
 
-    async def _goaway(self, ws: web.WebSocketResponse, reason: str, label: str | None = None) -> None:
-        log.warning("closing tunnel: %s", reason)
+    async def _goaway(self, ws: web.WebSocketResponse, reason: str, label: str | None = None, peer: str = "?") -> None:
         # The label must not carry peer-chosen text (one series per value): callers pass a fixed one.
-        self.metrics.handshake_failures.labels(label or reason.split(":")[0][:40]).inc()
+        label = label or reason.split(":")[0][:40]
+        self._log.warning(peer, label, "closing tunnel: %s", reason)
+        self.metrics.handshake_failures.labels(label).inc()
         try:
             async with asyncio.timeout(2):
                 await ws.send_bytes(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, reason)))
@@ -151,6 +195,15 @@ class TunnelEndpoint:
         def on_control(frame: wire.ControlFrame) -> None:
             agent_session = holder[0]
             if isinstance(frame, wire.Register):
+                if not self.register_buckets.take(agent_session.agent):
+                    self.metrics.handshake_failures.labels("register-rate").inc()
+                    self._log.warning(agent_session.agent, "register-rate",
+                                      "agent %s registers too often: registration not applied (the previous list "
+                                      "stays in force)", agent_session.agent)
+                    why = (f"registration rate limit ({self.cfg.register_burst} at once, then "
+                           f"{self.cfg.register_rate:g} per second): not applied; the previous list stays in force")
+                    session.send_control(wire.Registered((), (("*", why),)))
+                    return
                 accepted, refused = self.registry.register(agent_session, frame.nodes)
                 if refused:
                     claimed = {n.name: n.pool for n in frame.nodes}
@@ -163,7 +216,8 @@ class TunnelEndpoint:
                     "agent %s session %s registered %d nodes (%d refused)",
                     agent_session.agent, agent_session.session_id[:8], len(accepted), len(refused),
                 )
-                session.send_control(wire.Registered(tuple(accepted), tuple(refused)))
+                for answer in wire.split_registered(accepted, refused):
+                    session.send_control(answer)
                 self._update_gauges()
             elif isinstance(frame, wire.Drain):
                 agent_session.draining = True

@@ -162,13 +162,30 @@ class CommandFailed(Exception):
     """The command line is fine but the work failed, e.g. a server did not answer (exit 1)."""
 
 
-async def _gateway_nodes(url: str) -> tuple[list[str], list[str]]:
+def _token_headers(path: Path | None) -> dict[str, str]:
+    """The bearer token for a gateway's inventory endpoints, read from a file (never from the command line)."""
+    if path is None:
+        return {}
+    try:
+        token = next((line.strip() for line in path.read_text().splitlines() if line.strip()), "")
+    except OSError as exc:
+        raise UsageError(f"cannot read --token-file {str(path)!r}: {exc.strerror or exc}") from None
+    if not token:
+        raise UsageError(f"--token-file {str(path)!r} holds no token")
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def _gateway_nodes(url: str, token_file: Path | None = None) -> tuple[list[str], list[str]]:
     """Names and service addresses from a running gateway's ops listener (/nodes)."""
     import aiohttp
 
+    headers = _token_headers(token_file)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            async with http.get(url.rstrip("/") + "/nodes") as resp:
+            async with http.get(url.rstrip("/") + "/nodes", headers=headers) as resp:
+                if resp.status == 401:
+                    raise CommandFailed(f"{url}/nodes needs the front end's bearer token: pass --token-file FILE"
+                                        if not headers else f"{url}/nodes did not accept the token in --token-file")
                 if resp.status != 200:
                     raise CommandFailed(f"{url}/nodes answered HTTP {resp.status} (is it a Raven gateway's ops "
                                         "listener?)")
@@ -189,7 +206,7 @@ async def _names_and_addresses(args: argparse.Namespace) -> tuple[list[str], lis
     names: list[str] = list(args.node)
     addresses: list[str] = list(args.address)
     if args.gateway:
-        gw_names, gw_addresses = await _gateway_nodes(args.gateway)
+        gw_names, gw_addresses = await _gateway_nodes(args.gateway, args.token_file)
         names += gw_names
         addresses = addresses or gw_addresses
     if not names and not args.gateway:
@@ -288,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     def names_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--gateway", metavar="URL", help="a gateway's ops listener (e.g. http://raven-gateway:10265): "
                        "take the edge node names and the service addresses from it")
+        p.add_argument("--token-file", type=Path, metavar="FILE",
+                       help="file with a bearer token the gateway accepts (front.auth.token_files), for --gateway")
         p.add_argument("--node", action="append", default=[], metavar="NAME", help="an edge node name (repeatable)")
         p.add_argument("--address", action="append", default=[], metavar="IP",
                        help="the Raven service address names must resolve to (repeatable; IPv4 and/or IPv6)")

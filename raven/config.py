@@ -123,6 +123,36 @@ class GatewayTunnel(_Model):
     )
 
 
+class FrontAuth(_Model):
+    mode: Literal["bearer", "none"] | None = Field(
+        None, description="'bearer': clients need a token from token_files (the default when token_files are "
+        "given); 'none': the front end is open (allowed on a non-loopback address only when written explicitly)",
+    )
+    token_files: list[Path] = Field(
+        default_factory=list,
+        description="files with accepted bearer tokens, one per line (several: rotation); re-read when changed",
+    )
+    reload_interval: Seconds = Field(2.0, description="how often to look for changed token files")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FrontAuth:
+        if self.mode == "none" and self.token_files:
+            raise ValueError("mode 'none' with token_files: remove one of them")
+        if self.mode == "bearer" and not self.token_files:
+            raise ValueError("mode 'bearer' needs token_files")
+        return self
+
+
+def _loopback(listen: str) -> bool:
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class GatewayFront(_Model):
     listen: HostPort = Field("0.0.0.0:10263", description="where Prometheus's requests arrive (all ports)")
     also_listen: list[HostPort] = Field(
@@ -174,11 +204,22 @@ class GatewayFront(_Model):
         "that they keep working while the front end is saturated",
     )
 
+    auth: FrontAuth = Field(FrontAuth(), description="who may use the front end and the inventory endpoints")
+    tls: TLSConfig | None = Field(
+        None, description="serve the front end over TLS and require a client certificate signed by tls.ca",
+    )
+
     @model_validator(mode="after")
     def _no_connect_method(self) -> GatewayFront:
         if "CONNECT" in self.allowed_methods:
             raise ValueError("allowed_methods: CONNECT is not a request method here; set allow_connect: true")
         return self
+
+    def open_exposure(self) -> list[str]:
+        """The non-loopback addresses this front end listens on without any credentials (empty if none)."""
+        if self.auth.token_files or self.tls is not None or self.auth.mode == "none":
+            return []
+        return [a for a in (self.listen, *self.also_listen) if not _loopback(a)]
 
 
 def _ip(value: str) -> str:
@@ -241,7 +282,27 @@ class GatewayConfig(_Model):
         3600.0, description="a node stays bound to its pool this long after its last agent left; until then "
         "another pool's claim is refused",
     )
-    max_nodes_per_agent: int = Field(10000, ge=1, description="nodes one agent session may register")
+    max_nodes_per_agent: int = Field(
+        10000, ge=1, description="nodes one agent identity may register, across all its sessions",
+    )
+    max_nodes_total: int = Field(50000, ge=1, description="nodes this gateway holds, from all agents")
+    max_sessions_per_agent: int = Field(
+        8, ge=1, le=1 << 16,
+        description="sessions one agent identity may hold to this replica at once (it needs one, plus a "
+        "reconnect's overlap)",
+    )
+    max_sessions_total: int = Field(10000, ge=1, le=1 << 20, description="agent sessions this replica holds")
+    session_rate: float = Field(
+        0.5, gt=0, le=1000, allow_inf_nan=False,
+        description="new sessions per second one agent identity may open, after a burst of session_burst",
+    )
+    session_burst: int = Field(30, ge=1, le=1 << 16)
+    register_rate: float = Field(
+        1.0, gt=0, le=1000, allow_inf_nan=False,
+        description="registrations per second one agent identity may send, after a burst of register_burst; "
+        "more are not applied (the previous list stays in force)",
+    )
+    register_burst: int = Field(10, ge=1, le=1 << 16)
     allowed_name_suffixes: list[str] = Field(
         default_factory=list,
         description="without Kubernetes, dotted node names an agent may claim must end in one of these "
@@ -254,6 +315,18 @@ class GatewayConfig(_Model):
     )
     drain_grace: Seconds = 20.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _front_authenticated_unless_loopback(self) -> GatewayConfig:
+        exposed = self.front.open_exposure()
+        if exposed:
+            raise ValueError(
+                f"front.auth: the front end listens on {', '.join(exposed)} without credentials, so anything that "
+                "reaches it can scrape every edge node: set front.auth.token_files (bearer tokens, what "
+                "Prometheus sends with credentials_file) or front.tls (client certificates), or write "
+                "front.auth.mode: none to run it open"
+            )
+        return self
 
 
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # "_" too: /etc/hosts and many DNS allow it
@@ -378,9 +451,9 @@ def _scalar(text: str) -> Any:
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"  {loc}: {msg}")
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")  # model-level messages name their field
     return "\n".join(lines)
 
 

@@ -22,6 +22,9 @@ from raven.aio import cancel_and_wait
 
 log = logging.getLogger("raven.hosts")
 
+# A ConfigMap's data may hold at most 1 MiB (etcd's object limit): the hosts file must fit in it.
+CONFIGMAP_MAX_BYTES = 1024 * 1024 - 8 * 1024  # what is left after the object's metadata
+
 
 def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven gateway") -> str:
     """The whole hosts file. Raises ValueError for an invalid name or address."""

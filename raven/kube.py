@@ -27,6 +27,8 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 
+from raven.hosts import CONFIGMAP_MAX_BYTES
+
 log = logging.getLogger("raven.kube")
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "raven"}
@@ -375,6 +377,11 @@ class ConfigMapPublisher:
         ``allowed`` is asked right before every write (e.g. "do we still hold the Lease?"): a publisher
         that lost its right while a read was slow writes nothing.
         """
+        size = len(content.encode())
+        if size > CONFIGMAP_MAX_BYTES:
+            # Checked before writing: the API server would refuse it, and the last good file stays published.
+            raise KubeError(f"ConfigMap {self.namespace}/{self.name}: {size} bytes would exceed the "
+                            f"{CONFIGMAP_MAX_BYTES}-byte limit of a ConfigMap; not written (the last one stays)")
         last = ""
         for attempt in range(self.attempts):
             if attempt:

@@ -85,6 +85,8 @@ class LocalCluster:
     gateway_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     # What agents dial; default: the first replica's address.
     gateway_url: str | None = None
+    # A bearer token the front end and the inventory endpoints require (None: an open loopback front end).
+    front_token: str | None = None
 
     def __post_init__(self) -> None:
         self.certs = self.workdir / "pki"
@@ -146,8 +148,18 @@ class LocalCluster:
             "drain_linger": 0.5,
             "ready_settle": 0.5,
         }
+        if self.front_token is not None:
+            token_file = self.workdir / "front-token"
+            token_file.write_text(self.front_token + "\n")
+            token_file.chmod(0o600)
+            tree["front"]["auth"] = {"token_files": [str(token_file)], "reload_interval": 0.5}
         _merge(tree, self.gateway_settings)
         return self._write(self.gateway_name(replica), tree)
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """What a client sends to the inventory endpoints and the front end in Host-header mode."""
+        return {"Authorization": f"Bearer {self.front_token}"} if self.front_token else {}
 
     def gateway_name(self, replica: int) -> str:
         return "gateway" if replica == 0 else f"gateway-{replica + 1}"
@@ -231,7 +243,7 @@ class LocalCluster:
 
     async def sd(self, replica: int = 0) -> list[dict[str, Any]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            async with http.get(self.sd_url_of(replica)) as resp:
+            async with http.get(self.sd_url_of(replica), headers=self.auth_headers) as resp:
                 data: list[dict[str, Any]] = json.loads(await resp.text())
                 return data
 

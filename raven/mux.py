@@ -19,8 +19,12 @@ from typing import Protocol
 
 from raven import wire
 from raven.flow import RecvWindow, SendCredit
+from raven.lograte import RateLimitedLog
 
 log = logging.getLogger("raven.mux")
+# What a peer can trigger frame after frame (bad frames, frames for unknown streams) is logged at most once a
+# minute per session and kind, with a count of what was left out.
+_peer_log = RateLimitedLog(log)
 
 _EMPTY = b""
 
@@ -549,11 +553,12 @@ class Session:
             self._dispatch(frame)
         except wire.ProtocolError as err:
             if err.stream_id == 0:
-                log.warning("session %s: protocol error: %s", self.name, err.reason)
+                _peer_log.warning(self.name, "protocol", "session %s: protocol error: %s", self.name, err.reason)
                 self._close_soon(f"protocol error: {err.reason}", wire.ResetCode.PROTOCOL)
                 return
             stream = self.streams.get(err.stream_id)
-            log.info("session %s: stream %d: %s", self.name, err.stream_id, err.reason)
+            _peer_log.info(self.name, "stream-error", "session %s: stream %d: %s", self.name, err.stream_id,
+                           err.reason)
             if stream is not None:
                 stream.reset(err.code, err.reason)
             else:

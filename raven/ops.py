@@ -20,7 +20,13 @@ async def start_ops_server(
     registry: CollectorRegistry,
     ready: Callable[[], tuple[bool, str]],
     extra: Sequence[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = (),
+    authorize: Callable[[web.Request], web.Response | None] | None = None,
 ) -> web.AppRunner:
+    """Serve /metrics, /healthz, /readyz (always open: probes and Prometheus) and ``extra`` endpoints.
+
+    ``authorize`` guards the ``extra`` endpoints (they reveal the inventory): it returns the refusal to send,
+    or None to let the request through.
+    """
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -48,9 +54,20 @@ async def start_ops_server(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     for path, handler in extra:
-        app.router.add_get(path, handler)
+        app.router.add_get(path, handler if authorize is None else _guarded(handler, authorize))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_host_port(listen)
     await GuardedSite(runner, host, port, guard).start()
     return runner
+
+
+def _guarded(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    authorize: Callable[[web.Request], web.Response | None],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        refusal = authorize(request)
+        return refusal if refusal is not None else await handler(request)
+
+    return guarded

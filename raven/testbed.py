@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -94,6 +95,9 @@ class Testbed:
         self.certs = self.workdir / "pki"
         self.hosts_dir = self.workdir / "hosts"
         self.processes: dict[str, Process] = {}
+        # The front end's bearer token: Prometheus reads it from this file (credentials_file).
+        self.token = secrets.token_hex(16)
+        self.token_file = self.workdir / "front-token"
         self.sites = [Site(s.name, s.index, dict(s.nodes)) for s in SITES]
 
     # ------------------------------------------------------------ topology
@@ -125,18 +129,30 @@ class Testbed:
         for site in self.sites:
             for agent in site.agents:
                 pki.issue(self.certs, self.certs, "agent", agent, pools=[site.pool], days=2)
+        self.token_file.write_text(self.token + "\n")
+        self.token_file.chmod(0o600)
         self.write_gateway_config()
         for site in self.sites:
             for i, agent in enumerate(site.agents):
                 self.write_agent_config(site, agent, 10266 + i)
+        bearer = {"type": "Bearer", "credentials_file": str(self.token_file)}
+
+        def sd(port: int) -> list[dict[str, Any]]:  # the inventory endpoint needs the token too
+            return [{"url": f"http://127.0.0.1:10265/sd?port={port}", "refresh_interval": "1s",
+                     "authorization": bearer}]
+
         self._write("prometheus.yml", {
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "scrape_timeout": "1500ms",
                        "evaluation_interval": f"{SCRAPE_INTERVAL:g}s"},
             "scrape_configs": [
-                {"job_name": "edge-dcgm", "http_sd_configs": [{"url": "http://127.0.0.1:10265/sd?port=9400",
-                                                               "refresh_interval": "1s"}]},
-                {"job_name": "edge-node", "http_sd_configs": [{"url": "http://127.0.0.1:10265/sd?port=9100",
-                                                               "refresh_interval": "1s"}]},
+                # Host-header (DNS) mode: names resolve to the gateway; the token in Authorization.
+                {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer},
+                # Proxy mode: the token as the password of proxy_url's user info (Proxy-Authorization).
+                {"job_name": "edge-node", "http_sd_configs": sd(9100),
+                 "proxy_url": f"http://prometheus:{self.token}@{CLOUD_IP}:9400"},
+                # The same targets without credentials, in both modes: refused with 401 and 407.
+                {"job_name": "noauth-dcgm", "http_sd_configs": sd(9400)},
+                {"job_name": "noauth-proxy", "http_sd_configs": sd(9100), "proxy_url": f"http://{CLOUD_IP}:9400"},
                 {"job_name": "raven-gateway", "static_configs": [{"targets": ["127.0.0.1:10265"]}]},
             ],
         })
@@ -150,7 +166,8 @@ class Testbed:
             "replica_id": "cloud-1",
             "tunnel": {"listen": f"{CLOUD_IP}:10262"},
             "front": {"listen": f"{CLOUD_IP}:9400", "also_listen": [f"{CLOUD_IP}:9100"],
-                      "allowed_ports": [9400, 9100], "request_timeout": 10},
+                      "allowed_ports": [9400, 9100], "request_timeout": 10,
+                      "auth": {"token_files": [str(self.token_file)]}},
             "metrics_listen": "0.0.0.0:10265",
             "tls": self.tls("raven-gateway"),
             "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
@@ -247,8 +264,9 @@ class Testbed:
     # ------------------------------------------------------------ observing (through Prometheus)
 
     async def get_json(self, url: str, params: dict[str, str] | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {self.token}"} if url.startswith(GATEWAY_OPS) else {}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            async with http.get(url, params=params) as resp:
+            async with http.get(url, params=params, headers=headers) as resp:
                 return json.loads(await resp.text())
 
     async def query(self, promql: str) -> dict[str, float]:

@@ -19,6 +19,7 @@ import enum
 import json
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ _RESET_FIXED = struct.Struct("!H")  # code
 
 MAX_STREAM_ID = 2**32 - 1
 MAX_WINDOW_INCREMENT = 2**31 - 1
+MAX_REFUSAL_REASON = 300  # characters of one registration refusal's reason
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z")
@@ -114,7 +116,7 @@ class ProtocolError(Exception):
 class Limits:
     """Bounds the decoder enforces. Both peers use the same defaults."""
 
-    max_frame: int = 1 << 20  # whole message, control frames included
+    max_frame: int = 1 << 20  # whole message, control frames included (a message of exactly this size is fine)
     max_data: int = 64 * 1024  # payload of one DATA frame
     max_header_bytes: int = 64 * 1024  # encoded header block of OPEN/HEAD
     max_headers: int = 256
@@ -539,6 +541,36 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
             refused.append((items[0], items[1]))
         return Registered(tuple(accepted), tuple(refused))
     raise ProtocolError(f"unhandled control frame {ftype.name}")  # pragma: no cover
+
+
+def split_registered(
+    accepted: Sequence[str], refused: Sequence[tuple[str, str]], budget: int = 128 * 1024
+) -> list[Registered]:
+    """One registration's answer as REGISTERED frames of at most ``budget`` bytes each.
+
+    Every agent accepts frames of 256 KiB at least (``max_frame`` has that floor), so the default budget
+    fits any agent. Refusal reasons are cut to ``MAX_REFUSAL_REASON`` characters. The agent adds the
+    frames up (each carries part of the answer).
+    """
+    out: list[Registered] = []
+    acc: list[str] = []
+    ref: list[tuple[str, str]] = []
+    size = 64  # the frame header and the JSON skeleton
+    items: list[tuple[str, str | tuple[str, str]]] = [("a", name) for name in accepted]
+    items += [("r", (name, reason[:MAX_REFUSAL_REASON])) for name, reason in refused]
+    for kind, item in items:
+        cost = len(json.dumps(item)) + 2
+        if (acc or ref) and size + cost > budget:
+            out.append(Registered(tuple(acc), tuple(ref)))
+            acc, ref, size = [], [], 64
+        if kind == "a":
+            acc.append(item)  # type: ignore[arg-type]
+        else:
+            ref.append(item)  # type: ignore[arg-type]
+        size += cost
+    if acc or ref or not out:
+        out.append(Registered(tuple(acc), tuple(ref)))
+    return out
 
 
 def decode(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Frame:

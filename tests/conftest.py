@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
 from raven.launch import LocalCluster, PoolSpec
 from raven.simexporter import SimExporter, SimNode
@@ -33,6 +34,21 @@ def pick_node_port(hosts: list[str]) -> int:
         if _port_free_everywhere(port, hosts):
             return port
     raise RuntimeError("no free port on the test hosts")
+
+
+async def start_echo(host: str, port: int, seen: list[dict[str, str]]) -> web.AppRunner:
+    """A node that answers every GET with 200 and records the request headers it received."""
+
+    async def echo(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.Response(text="echo\n")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
 
 
 class Bed:

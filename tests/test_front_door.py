@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from raven.launch import LocalCluster, PoolSpec
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import HOSTS, pick_node_port
+from tests.conftest import HOSTS, pick_node_port, start_echo
 from tests.polling import eventually
 from tests.test_integration import metric_values
 
@@ -58,16 +57,7 @@ async def door(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Door]:
     await exporter.start()
     # An echo node: answers with the request headers it received, to see what the gateway forwards.
     seen: list[dict[str, str]] = []
-
-    async def echo(request: web.Request) -> web.Response:
-        seen.append(dict(request.headers))
-        return web.Response(text="echo\n")
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", echo)
-    echo_runner = web.AppRunner(app)
-    await echo_runner.setup()
-    await web.TCPSite(echo_runner, HOSTS[2], port).start()
+    echo_runner = await start_echo(HOSTS[2], port, seen)
     echo_node = SimNode("door-echo", HOSTS[2], port)
     cluster = LocalCluster(
         tmp_path_factory.mktemp("front-door"),

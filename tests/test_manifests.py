@@ -576,11 +576,23 @@ def test_prometheus_scrape_config(tmp_path: Path) -> None:
             assert re.fullmatch(keep["regex"], label), f"{job['job_name']} drops {label}"
         port_filter = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
         assert port_filter["source_labels"] == ["port"] and port_filter["regex"] == str(ports["dcgm"])
+        # The front end and /sd need the gateway's bearer token (front.auth.token_files).
+        assert sd["authorization"]["credentials_file"].endswith("/token")
     assert "proxy_url" not in jobs["edge-dcgm"]
-    assert jobs["edge-dcgm-proxy"]["proxy_url"] == f"http://{host}:{ports['proxy']}"
+    assert jobs["edge-dcgm"]["authorization"]["type"] == "Bearer"
+    proxy = urlsplit(jobs["edge-dcgm-proxy"]["proxy_url"])
+    assert (proxy.hostname, proxy.port, proxy.username) == (host, ports["proxy"], "prometheus")
+    assert proxy.password, "proxy mode authenticates with the token as the user-info password"
     promtool = shutil.which("promtool")
     if promtool is not None:
-        proc = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, check=False)
+        # promtool wants the credentials file to exist: check a copy that points at a real one.
+        token = tmp_path / "token"
+        token.write_text("t" * 32 + "\n")
+        text = path.read_text().replace("/etc/prometheus/secrets/raven-front-token/token", str(token))
+        checked = tmp_path / "scrape-config.yaml"
+        checked.write_text(text)
+        proc = subprocess.run([promtool, "check", "config", str(checked)], capture_output=True, text=True,
+                              check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -619,3 +631,28 @@ def test_validation_is_strict() -> None:
     wrong["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(wrong, K8S_VERSION, strict=True)
+
+
+@needs_kubectl
+def test_network_policy_limits_front_and_ops_to_monitoring() -> None:
+    """Front end (10263) only from Prometheus pods in monitoring, ops (10265) only from monitoring, the tunnel
+    (10262) from anywhere; the token Secret is mounted as a directory (rotation) where the config reads it."""
+    for overlay in GATEWAY_OVERLAYS:
+        docs = render(DEPLOY / overlay)
+        (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+        assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "raven-gateway"}
+        by_port = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
+        assert set(by_port) == {10262, 10263, 10265}
+        assert "from" not in by_port[10262]
+        (front,) = by_port[10263]["from"]
+        assert front["namespaceSelector"] and front["podSelector"]
+        (ops,) = by_port[10265]["from"]
+        assert ops["namespaceSelector"] and "podSelector" not in ops
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        configmap, key = mounted_configmap(deployment, docs, check_args(deployment, "gateway"))
+        tree = yaml.safe_load(configmap["data"][key])
+        (token_file,) = tree["front"]["auth"]["token_files"]
+        mount = next(m for m in container(deployment)["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
+        assert "subPath" not in mount, "a subPath mount would never see a rotated token"
+        volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == "raven-gateway-front-token"

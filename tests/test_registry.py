@@ -114,12 +114,51 @@ def test_pool_binding_survives_a_blip_and_reserved_names_are_refused() -> None:
 
 
 def test_registration_is_capped() -> None:
-    reg = Registry(max_nodes_per_session=2)
+    reg = Registry(max_nodes_per_agent=2)
     a = agent("a1", {"p"})
     reg.add_session(a)
     accepted, refused = reg.register(a, [node(f"edge-{i}", "p") for i in range(5)])
     assert len(accepted) == 2 and len(refused) == 3
-    assert "more than 2 nodes" in refused[0][1]
+    assert "agent a1 may register at most 2 nodes" in refused[0][1]
+
+
+def test_the_node_cap_counts_per_agent_identity_not_per_session() -> None:
+    """Three sessions of one agent cannot register three times its cap; the same names across its
+    sessions (one per gateway replica, or a reconnect) count once."""
+    reg = Registry(max_nodes_per_agent=3)
+    sessions = [agent("a1", {"p"}, sid=f"s{i}") for i in range(3)]
+    for i, s in enumerate(sessions):
+        reg.add_session(s)
+        accepted, refused = reg.register(s, [node(f"edge-{i}-{j}", "p") for j in range(3)])
+        if i == 0:
+            assert len(accepted) == 3 and not refused
+        else:
+            assert accepted == [] and len(refused) == 3
+    again = agent("a1", {"p"}, sid="s9")  # the same names again from another session: allowed
+    reg.add_session(again)
+    assert reg.register(again, [node(f"edge-0-{j}", "p") for j in range(3)])[1] == []
+    other = agent("a2", {"p"})  # another identity has its own cap
+    reg.add_session(other)
+    assert len(reg.register(other, [node(f"edge-x-{j}", "p") for j in range(3)])[0]) == 3
+    assert len(reg.nodes) == 6
+
+
+def test_total_node_cap_and_hosts_budget() -> None:
+    reg = Registry(max_nodes_total=4)
+    a, b = agent("a1", {"p"}), agent("b1", {"p"})
+    reg.add_session(a)
+    reg.add_session(b)
+    assert len(reg.register(a, [node(f"edge-a-{j}", "p") for j in range(3)])[0]) == 3
+    accepted, refused = reg.register(b, [node(f"edge-b-{j}", "p") for j in range(3)])
+    assert len(accepted) == 1 and "max_nodes_total" in refused[0][1]
+    # The hosts file budget: each name costs len(name) + 12 bytes here; room for exactly two names.
+    reg = Registry(hosts_budget=2 * (len("edge-0") + 12), hosts_cost=lambda n: len(n) + 12)
+    reg.add_session(a)
+    accepted, refused = reg.register(a, [node(f"edge-{j}", "p") for j in range(3)])
+    assert accepted == ["edge-0", "edge-1"]
+    assert "the hosts file would exceed" in refused[0][1]
+    reg.register(a, [node("edge-0", "p")])  # edge-1 withdrawn: its bytes come back
+    assert reg.register(a, [node("edge-0", "p"), node("edge-2", "p")])[1] == []
 
 
 def test_a_fresh_registration_forgets_nodes_that_left_the_pool() -> None:

@@ -84,8 +84,8 @@ async def test_losing_one_agent_of_a_site_misses_no_scrape(bed: Testbed) -> None
     start = time.monotonic()
     await asyncio.sleep(5 * SCRAPE_INTERVAL)
     span = window(time.monotonic() - start)
-    worst = await bed.query(f'min_over_time(up{{pool="{site.pool}"}}[{span}])')
-    scrapes = await bed.query(f'count_over_time(up{{pool="{site.pool}"}}[{span}])')
+    worst = await bed.query(f'min_over_time(up{{job=~"edge-.*", pool="{site.pool}"}}[{span}])')
+    scrapes = await bed.query(f'count_over_time(up{{job=~"edge-.*", pool="{site.pool}"}}[{span}])')
     assert worst and set(worst.values()) == {1.0}, worst
     assert all(n >= 4 for n in scrapes.values()), scrapes
     await bed.start_agent(site, site.agents[0])
@@ -96,18 +96,18 @@ async def test_an_uplink_outage_takes_its_site_down_and_back(bed: Testbed) -> No
     await bed.topology("uplink", site.name, "down")
     try:
         async def site_down() -> bool:
-            up = await bed.query(f'up{{pool="{site.pool}"}}')
+            up = await bed.query(f'up{{job=~"edge-.*", pool="{site.pool}"}}')
             return bool(up) and set(up.values()) == {0.0}
 
         took = await poll(site_down, HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10, "site down")
         assert took <= HEARTBEAT_TIMEOUT + SCRAPE_INTERVAL + 10
-        other = await bed.query(f'up{{pool="{bed.sites[0].pool}"}}')
+        other = await bed.query(f'up{{job=~"edge-.*", pool="{bed.sites[0].pool}"}}')
         assert set(other.values()) == {1.0}
     finally:
         await bed.topology("uplink", site.name, "up")
 
     async def site_up() -> bool:
-        up = await bed.query(f'up{{pool="{site.pool}"}}')
+        up = await bed.query(f'up{{job=~"edge-.*", pool="{site.pool}"}}')
         return bool(up) and set(up.values()) == {1.0}
 
     await poll(site_up, 30, "site back up")
@@ -153,3 +153,24 @@ async def test_a_node_that_leaves_leaves_dns_and_discovery(bed: Testbed) -> None
         return nodes == {"gpu-a-1", "gpu-b-1", "gpu-b-2"}
 
     await poll(gone_from_prometheus, 30, "Prometheus dropped gpu-a-2")
+
+
+async def test_prometheus_needs_credentials_in_both_modes(bed: Testbed) -> None:
+    """The jobs above scrape with the token (Host-header mode and proxy mode); the same targets without it
+    are refused: 401 in Host-header mode, 407 in proxy mode, as Prometheus itself reports."""
+
+    async def refused() -> bool:
+        targets = (await bed.get_json("http://10.199.0.2:9090/api/v1/targets"))["data"]["activeTargets"]
+        errors: dict[str, set[str]] = {"noauth-dcgm": set(), "noauth-proxy": set()}
+        for t in targets:
+            job = t["labels"]["job"]
+            if job in errors:
+                if t["health"] != "down":
+                    return False
+                errors[job].add(t["lastError"])
+        return (len(errors["noauth-dcgm"]) == 1 and "401" in next(iter(errors["noauth-dcgm"]))
+                and len(errors["noauth-proxy"]) == 1 and "407" in next(iter(errors["noauth-proxy"])))
+
+    await poll(refused, 30, "unauthenticated jobs refused with 401 and 407")
+    up = await bed.query('up{job=~"edge-.*"}')  # and the authenticated ones are up
+    assert sorted(up) == bed.edge_targets() and set(up.values()) == {1.0}
