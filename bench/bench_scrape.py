@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import collections
 import re
+import secrets
 import shutil
 import sys
 import tempfile
@@ -31,7 +32,7 @@ local hosts = {%s}
 local i = 0
 request = function()
   i = i + 1
-  return wrk.format("GET", "/metrics", {["Host"] = hosts[(i %% #hosts) + 1]})
+  return wrk.format("GET", "/metrics", {["Host"] = hosts[(i %% #hosts) + 1], ["Authorization"] = "Bearer %s"})
 end
 """
 
@@ -116,10 +117,12 @@ async def main(args: argparse.Namespace) -> int:
     exporter = SimExporter(nodes)
     await exporter.start()
     workdir = Path(tempfile.mkdtemp(prefix="raven-bench-"))
-    cluster = LocalCluster(workdir, [PoolSpec("bench", nodes, agents=1)], allowed_ports=[port],
+    # As in production: the front end checks a bearer token on every request.
+    token = secrets.token_hex(32)
+    cluster = LocalCluster(workdir, [PoolSpec("bench", nodes, agents=1)], allowed_ports=[port], front_token=token,
                            gateway_settings={"log_level": "warning"}, agent_settings={"log_level": "warning"})
     script = workdir / "rotate.lua"
-    script.write_text(LUA_ROTATE % ", ".join(f'"{n.name}:{port}"' for n in nodes))
+    script.write_text(LUA_ROTATE % (", ".join(f'"{n.name}:{port}"' for n in nodes), token))
     results: list[Result] = []
     try:
         await cluster.start()

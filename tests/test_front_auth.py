@@ -246,3 +246,38 @@ async def test_an_explicitly_open_front_end_warns(tmp_path: Path) -> None:
         await eventually(lambda: "NO credentials required" in gateway.log_tail(50), timeout=10)
     finally:
         await cluster.close()
+
+
+async def test_front_end_over_mutual_tls(tmp_path: Path) -> None:
+    """front.tls: the front end speaks TLS and wants a client certificate signed by its CA."""
+    import ssl
+
+    port = pick_node_port(HOSTS)
+    node = SimNode("mtls-1", HOSTS[2], port)
+    exporter = SimExporter([node])
+    await exporter.start()
+    cluster = LocalCluster(tmp_path, [PoolSpec("pool-m", [node], agents=1)], allowed_ports=[port])
+    cluster.make_pki()
+    certs = cluster.certs
+    cluster.gateway_settings = {"front": {"tls": {"cert": str(certs / "raven-gateway.pem"),
+                                                  "key": str(certs / "raven-gateway-key.pem"),
+                                                  "ca": str(certs / "ca.pem")}}}
+    try:
+        await cluster.start_gateway()
+        await cluster.start_agent(cluster.pools[0], "agent-pool-m-1")
+        await cluster.wait_registered(30)
+        url = f"https://127.0.0.1:{cluster.front_port}/metrics"
+        headers = {"Host": f"mtls-1:{port}"}
+        with_cert = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with_cert.load_cert_chain(certs / "agent-pool-m-1.pem", certs / "agent-pool-m-1-key.pem")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url, headers=headers, ssl=with_cert, server_hostname="raven-gateway") as resp:
+                assert resp.status == 200
+                assert 'Hostname="mtls-1"' in await resp.text()
+            without = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(url, headers=headers, ssl=without, server_hostname="raven-gateway") as resp:
+                    await resp.read()
+    finally:
+        await cluster.close()
+        await exporter.close()

@@ -281,6 +281,16 @@ async def test_configmap_conflict_and_other_keys(fake: FakeKube, api: Any) -> No
         await pub.publish("newer")
 
 
+async def test_a_hosts_file_larger_than_a_configmap_is_never_written(fake: FakeKube, api: Any) -> None:
+    pub = ConfigMapPublisher(api, NS, CM, "tunnel-nodes")
+    assert await pub.publish("10.96.0.50 edge-1\n")
+    requests = len(fake.requests)
+    with pytest.raises(KubeError, match=r"would exceed the \d+-byte limit of a ConfigMap; not written"):
+        await pub.publish("10.96.0.50 edge-1\n" * 70_000)  # about 1.2 MB
+    assert len(fake.requests) == requests  # not even read: nothing was sent
+    assert fake.configmaps[(NS, CM)]["data"] == {"tunnel-nodes": "10.96.0.50 edge-1\n"}  # the last good one stays
+
+
 async def test_configmap_create_race(fake: FakeKube, api: Any) -> None:
     fake.fail_next("POST", CM_PATH, 409)  # someone else created it between our GET and POST
     pub = ConfigMapPublisher(api, NS, CM, "tunnel-nodes", conflict_backoff=0.01)

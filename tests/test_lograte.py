@@ -36,3 +36,21 @@ def test_bounded_lines_cut_long_messages() -> None:
     assert BoundedLines(limit=100).filter(record)
     text = record.getMessage()
     assert len(text) < 200 and text.endswith("characters cut]")
+
+
+def test_descriptor_budget_raises_the_soft_limit_and_keeps_a_reserve() -> None:
+    """Run in a child process: it lowers its own soft limit first, as a fresh container would have it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "from raven.listener import descriptor_budget\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "budget = descriptor_budget(100)\n"
+        "now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "print(now == hard, budget == now - 100)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

@@ -56,6 +56,27 @@ async def test_every_edge_target_is_up_with_the_right_labels(bed: Testbed) -> No
     assert len(node_exporter) == 4
 
 
+async def test_prometheus_needs_credentials_in_both_modes(bed: Testbed) -> None:
+    """The jobs above scrape with the token (Host-header mode and proxy mode); the same targets without it
+    are refused: 401 in Host-header mode, 407 in proxy mode, as Prometheus itself reports."""
+
+    async def refused() -> bool:
+        targets = (await bed.get_json("http://10.199.0.2:9090/api/v1/targets"))["data"]["activeTargets"]
+        errors: dict[str, set[str]] = {"noauth-dcgm": set(), "noauth-proxy": set()}
+        for t in targets:
+            job = t["labels"]["job"]
+            if job in errors:
+                if t["health"] != "down":
+                    return False
+                errors[job].add(t["lastError"])
+        return (len(errors["noauth-dcgm"]) == 1 and "401" in next(iter(errors["noauth-dcgm"]))
+                and len(errors["noauth-proxy"]) == 1 and "407" in next(iter(errors["noauth-proxy"])))
+
+    await poll(refused, 30, "unauthenticated jobs refused with 401 and 407")
+    up = await bed.query('up{job=~"edge-.*"}')  # and the authenticated ones (both modes) are up
+    assert sorted(up) == bed.edge_targets() and set(up.values()) == {1.0}, up
+
+
 async def test_a_stalled_exporter_fails_alone_within_its_timeout(bed: Testbed) -> None:
     bed.signal("dcgm-gpu-b-1", signal.SIGSTOP)  # accepts connections (kernel backlog), never answers
     try:
@@ -154,23 +175,3 @@ async def test_a_node_that_leaves_leaves_dns_and_discovery(bed: Testbed) -> None
 
     await poll(gone_from_prometheus, 30, "Prometheus dropped gpu-a-2")
 
-
-async def test_prometheus_needs_credentials_in_both_modes(bed: Testbed) -> None:
-    """The jobs above scrape with the token (Host-header mode and proxy mode); the same targets without it
-    are refused: 401 in Host-header mode, 407 in proxy mode, as Prometheus itself reports."""
-
-    async def refused() -> bool:
-        targets = (await bed.get_json("http://10.199.0.2:9090/api/v1/targets"))["data"]["activeTargets"]
-        errors: dict[str, set[str]] = {"noauth-dcgm": set(), "noauth-proxy": set()}
-        for t in targets:
-            job = t["labels"]["job"]
-            if job in errors:
-                if t["health"] != "down":
-                    return False
-                errors[job].add(t["lastError"])
-        return (len(errors["noauth-dcgm"]) == 1 and "401" in next(iter(errors["noauth-dcgm"]))
-                and len(errors["noauth-proxy"]) == 1 and "407" in next(iter(errors["noauth-proxy"])))
-
-    await poll(refused, 30, "unauthenticated jobs refused with 401 and 407")
-    up = await bed.query('up{job=~"edge-.*"}')  # and the authenticated ones are up
-    assert sorted(up) == bed.edge_targets() and set(up.values()) == {1.0}
