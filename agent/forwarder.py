@@ -44,6 +44,23 @@ def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> wire.Headers:
     return tuple(out)
 
 
+class _UpstreamResponse(aiohttp.ClientResponse):
+    """A node's response whose connection is closed at once when its status cannot be passed on.
+
+    aiohttp hands a body-less response's connection back to its pool before the caller sees the status;
+    after an unsolicited 101 (or a status outside 100-599) that connection is in an unknown state and
+    must never carry the next request.
+    """
+
+    async def start(self, connection: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
+        protocol = connection.protocol
+        response = await super().start(connection)
+        if _odd_status(self.status) and protocol is not None:
+            protocol.force_close()
+            protocol.close()
+        return response
+
+
 class Forwarder:
     def __init__(
         self,
@@ -85,6 +102,7 @@ class Forwarder:
                 skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
                 cookie_jar=aiohttp.DummyCookieJar(),
+                response_class=_UpstreamResponse,
             )
         return self._client
 

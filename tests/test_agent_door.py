@@ -115,7 +115,7 @@ class ScriptedNode:
     ODD = {
         "/s100": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         "/s103": b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
-        "/s101": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: evil\r\nConnection: Upgrade\r\n\r\n",
+        "/s101": b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
         "/s999": b"HTTP/1.1 999 Weird\r\nContent-Length: 0\r\n\r\n",
         "/s42": b"HTTP/1.1 42 X\r\n\r\n",
     }
@@ -130,6 +130,7 @@ class ScriptedNode:
         self.server = await asyncio.start_server(self._serve, host, port)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upgraded = False
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -146,8 +147,12 @@ class ScriptedNode:
                 if path in self.ODD:
                     writer.write(self.ODD[path])
                     await writer.drain()
-                    return
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    if path not in ("/s101", "/s999"):
+                        return
+                    upgraded = True  # keep the connection: a client that reuses it gets "reused"
+                    continue
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nreused" if upgraded else
+                             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -301,6 +306,12 @@ async def test_odd_statuses_from_a_node(evil: Evil, path: str, expect: tuple[str
         assert body == b"ok"
     if path == "/s101":
         assert "101 Switching Protocols without an upgrade request" in reason
+    if path in ("/s101", "/s999"):
+        # The connection that carried it (the node keeps it open) never carries another request.
+        for _ in range(3):
+            sid = await evil.gateway.open(http_open("edge-e-node", evil.node_port, "/echo"))
+            kind, code, _, body = await evil.gateway.outcome(sid)
+            assert (kind, code, body) == ("head", 200, b"ok")
 
 
 async def agent_streams(evil: Evil) -> float:
