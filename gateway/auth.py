@@ -161,3 +161,14 @@ class FrontAuth:
     def check_bearer(self, headers: Callable[[str], str | None]) -> Denied | None:
         """For the ops port's inventory endpoints: always ``Authorization: Bearer``."""
         return self.check(headers, proxy_mode=False)
+
+    def check_browser(self, headers: Callable[[str], str | None]) -> Denied | None:
+        """For the status page: a browser asks for a user name and password (any user, the token as password);
+        ``Authorization: Bearer`` works too."""
+        if self.tokens is None:
+            return None
+        presented = _credential(headers("Authorization") or "", allow_basic=True)
+        if presented is not None and self.tokens.accepts(presented):
+            return None
+        return Denied(401, "credentials required (the front end's token as the password, any user name)",
+                      {"WWW-Authenticate": 'Basic realm="raven", charset="UTF-8"'})

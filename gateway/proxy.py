@@ -26,6 +26,7 @@ from multidict import CIMultiDict
 
 from gateway.auth import FrontAuth
 from gateway.registry import AgentSession, NodeEntry, Registry
+from gateway.status import NodeResult
 from raven import wire
 from raven.aio import cancel_and_wait
 from raven.config import GatewayFront
@@ -246,6 +247,7 @@ class Proxy:
         self.draining = draining
         self.guard = guard
         self.settled = settled
+        self.last: dict[str, NodeResult] = {}  # registered node -> its latest request's outcome (status page)
         self.auth = auth or FrontAuth(None)
         # Host-header mode: the bearer token is for the gateway, never for the node.
         self.drop_headers = FORWARDED | {"host", *(["authorization"] if self.auth.enabled else [])}
@@ -287,6 +289,15 @@ class Proxy:
         except Refusal as ref:
             return self._refuse(request, ref, node, pool, kind, start)
 
+    def _finish(self, pool: str, node: str, kind: str, code: str, reason: str = "") -> None:
+        """Count a request's outcome; for a registered node, remember it (the status page's last scrape)."""
+        self.metrics.requests.labels(pool, kind, code).inc()
+        if node in self.registry.nodes:
+            self.last[node] = NodeResult(time.time(), code, reason[:300])
+        if len(self.last) > len(self.registry.nodes) + 1024:  # nodes that left: forget them
+            for name in [n for n in self.last if n not in self.registry.nodes]:
+                del self.last[name]
+
     def _check_method(self, request: web.BaseRequest) -> None:
         method = request.method
         if (self.cfg.allow_connect if method == "CONNECT" else method in self.allowed_methods):
@@ -311,7 +322,8 @@ class Proxy:
     ) -> web.Response:
         log.warning("%s %s -> %d (node %s, pool %s): %s", request.method, request.raw_path[:200], ref.status, node,
                     pool, ref.reason)
-        self.metrics.requests.labels(pool, kind, str(ref.status)).inc()
+        # A refusal of the client's own making (4xx) says nothing about the node: not its "last scrape".
+        self._finish(pool, node if ref.status >= 500 else "", kind, str(ref.status), ref.reason)
         self.metrics.latency.labels(pool).observe(time.monotonic() - start)
         self.metrics.front_refused.labels(ref.label or STATUS_LABEL.get(ref.status, str(ref.status))).inc()
         return web.Response(
@@ -466,7 +478,8 @@ class Proxy:
             finally:
                 stream.close()
         except asyncio.CancelledError:
-            self.metrics.requests.labels(entry.pool, "http", "cancelled").inc()  # the client left, or shutdown
+            self._finish(entry.pool, target.node, "http", "cancelled", "the client left (or the gateway stopped) "
+                         "while waiting for the node")
             raise
         finally:
             self._unclaim(target.node, client)
@@ -536,12 +549,13 @@ class Proxy:
             )
             self._abort(request)
             code = "504" if isinstance(exc, TimeoutError) else "502"
-            self.metrics.requests.labels(entry.pool, "http", f"broken-{code}").inc()
+            self._finish(entry.pool, target.node, "http", f"broken-{code}", f"response broke after {received} "
+                         f"bytes: {why}")
             self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
             return resp
         except ConnectionError:
             stream.reset(wire.ResetCode.CANCEL, "client went away")
-            self.metrics.requests.labels(entry.pool, "http", "client-gone").inc()
+            self._finish(entry.pool, target.node, "http", "client-gone", "the client left mid-response")
             return resp
         except _ClientStalled:
             stream.reset(wire.ResetCode.CANCEL, "the client stopped reading the response")
@@ -549,12 +563,12 @@ class Proxy:
                         "stream reset, connection closed", request.method, target.path, request.remote, target.node,
                         self.cfg.write_stall_timeout, received)
             self._abort(request)
-            self.metrics.requests.labels(entry.pool, "http", "client-stalled").inc()
+            self._finish(entry.pool, target.node, "http", "client-stalled", "the client stopped reading")
             self.metrics.front_refused.labels("write-stall").inc()
             self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
             return resp
         await resp.write_eof()
-        self.metrics.requests.labels(entry.pool, "http", str(head.status)).inc()
+        self._finish(entry.pool, target.node, "http", str(head.status))
         self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)
         self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
         return resp
@@ -618,7 +632,7 @@ class Proxy:
                 log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, chosen.agent, entry.pool)
                 sent, received = await _relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
                                                   self.cfg.write_stall_timeout)
-                self.metrics.requests.labels(entry.pool, "tcp", "200").inc()
+                self._finish(entry.pool, target.node, "tcp", "200")
                 self.metrics.bytes.labels(entry.pool, "to_edge").inc(sent)
                 self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
                 self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)

@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.auth import FrontAuth, TokenSet
 from gateway.proxy import Proxy
 from gateway.registry import RESERVED_NAMES, RESERVED_SUFFIXES, Registry
+from gateway.status import render_html, snapshot
 from gateway.tunnel import TunnelEndpoint
 from raven import pki, wire
 from raven.config import GatewayConfig, split_host_port
@@ -98,6 +99,7 @@ class Gateway:
         self._elector: LeaseElector | None = None
         self._stopped = asyncio.Event()
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self._was_ready = False
 
     def ready(self) -> tuple[bool, str]:
@@ -179,12 +181,28 @@ class Gateway:
                  else "")
 
     def _authorize_ops(self, request: web.Request) -> web.Response | None:
-        """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization)."""
-        denied = self.auth.check_bearer(request.headers.get)
+        """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization);
+        the status page also takes it as a browser's password."""
+        if request.path == "/status.html":
+            denied = self.auth.check_browser(request.headers.get)
+        else:
+            denied = self.auth.check_bearer(request.headers.get)
         if denied is None:
             return None
         self.metrics.front_refused.labels("auth").inc()
         return web.Response(status=denied.status, text=f"raven: {denied.reason}\n", headers=denied.headers)
+
+    def status_snapshot(self) -> dict[str, Any]:
+        return snapshot(
+            replica=self.cfg.replica_id, replicas=self.cfg.replicas, started=self.started_wall, ready=self.ready(),
+            draining=self.tunnel.draining, registry=self.registry, last=self.proxy.last,
+        )
+
+    async def status(self, _: web.Request) -> web.Response:
+        return web.json_response(self.status_snapshot())
+
+    async def status_page(self, _: web.Request) -> web.Response:
+        return web.Response(text=render_html(self.status_snapshot()), content_type="text/html")
 
     async def hosts_file(self, _: web.Request) -> web.Response:
         return web.Response(text=self.hosts.current(), content_type="text/plain")
@@ -270,7 +288,8 @@ class Gateway:
         self._runners.append(
             await start_ops_server(
                 self.cfg.metrics_listen, self.metrics.registry, self.ready,
-                [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes)],
+                [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes), ("/status", self.status),
+                 ("/status.html", self.status_page)],
                 authorize=self._authorize_ops if self.auth.enabled else None,
             )
         )

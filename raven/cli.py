@@ -230,6 +230,42 @@ def cmd_hosts_render(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    import aiohttp
+
+    from gateway.status import render_text
+
+    url = args.gateway.rstrip("/") + "/status"
+    headers = _token_headers(args.token_file)
+
+    async def main() -> int:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as http:
+                async with http.get(url, headers=headers) as resp:
+                    if resp.status == 401:
+                        raise CommandFailed(f"{url} needs the front end's bearer token: pass --token-file FILE"
+                                            if not headers else f"{url} did not accept the token in --token-file")
+                    if resp.status != 200:
+                        raise CommandFailed(f"{url} answered HTTP {resp.status} (is it a Raven gateway's ops "
+                                            "listener?)")
+                    snap = await resp.json()
+        except aiohttp.ClientConnectorError as exc:
+            raise CommandFailed(f"cannot connect to {args.gateway}: {exc.os_error.strerror or exc.os_error}") from None
+        except TimeoutError:
+            raise CommandFailed(f"{url} did not answer within {args.timeout:g}s") from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise CommandFailed(f"cannot read {url} (is it a Raven gateway's ops listener?): {exc}") from None
+        if args.output == "json":
+            print(json.dumps(snap, indent=2))
+        else:
+            sys.stdout.write(render_text(snap))
+        return 0
+
+    return asyncio.run(main())
+
+
 def cmd_dns_check(args: argparse.Namespace) -> int:
     from raven.dnscheck import CheckError, check_all
 
@@ -335,6 +371,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=_positive_seconds, default=3.0, help="seconds per query (default 3)")
     names_args(check)
     check.set_defaults(func=cmd_dns_check)
+
+    status = sub.add_parser(
+        "status", help="pools, agents, sessions and every node's last scrape, from a gateway",
+        description="Show what one gateway replica sees: its pools with their agents (session age, streams in "
+        "flight, draining), and every node with the result of its last scrape through this replica and why it "
+        "failed. The same is on the ops port as a web page: http://GATEWAY:10265/status.html.",
+    )
+    status.add_argument("--gateway", required=True, metavar="URL",
+                        help="a gateway's ops listener, e.g. http://raven-gateway:10265 (one replica)")
+    status.add_argument("--token-file", type=Path, metavar="FILE",
+                        help="file with a bearer token the gateway accepts (front.auth.token_files)")
+    status.add_argument("--output", "-o", choices=["table", "json"], default="table", help="default: table")
+    status.add_argument("--timeout", type=_positive_seconds, default=10.0,
+                        help="seconds to wait for the gateway (default 10)")
+    status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser(
         "demo", help="run a complete gateway + agents + simulated GPU nodes on this machine",

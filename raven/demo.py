@@ -70,7 +70,8 @@ async def main(args: argparse.Namespace) -> int:
             host += 1
         pools.append(PoolSpec(pool_name, nodes, agents=2))
     exporter = SimExporter([n for p in pools for n in p.nodes])
-    cluster = LocalCluster(workdir, pools)
+    # Every edge name resolves to the front end's address (in Kubernetes: the Raven Service's ClusterIP).
+    cluster = LocalCluster(workdir, pools, gateway_settings={"hosts": {"service_addresses": ["127.0.0.1"]}})
     failed: list[str] = []
     try:
         print(f"raven demo: work folder {workdir}")
@@ -105,15 +106,24 @@ async def main(args: argparse.Namespace) -> int:
 
             print("\n3. What the gateway refuses, before any header is sent:")
             checks = [
-                ("unknown node", "http://edge-gpu-99:9400/metrics", 404),
-                ("port not allowed", f"http://{pools[1].nodes[0].name}:22/", 403),
+                ("unknown node", "GET", "http://edge-gpu-99:9400/metrics", 404),
+                ("port not allowed", "GET", f"http://{pools[1].nodes[0].name}:22/", 403),
+                ("method not allowed", "DELETE", f"http://{pools[1].nodes[0].name}:9400/metrics", 405),
             ]
-            for label, url, want in checks:
-                async with http.get(url, proxy=cluster.front_url) as resp:
+            for label, method, url, want in checks:
+                async with http.request(method, url, proxy=cluster.front_url) as resp:
                     text = (await resp.text()).strip()
-                print(f"  {label:<17} -> {resp.status}  {text}")
+                print(f"  {label:<18} -> {resp.status}  {text}")
                 if resp.status != want:
                     failed.append(f"{label}: expected {want}, got {resp.status}")
+
+            print("\n4. The hosts file the gateway publishes (CoreDNS's hosts plugin serves it; here from /hosts):")
+            async with http.get(f"http://127.0.0.1:{cluster.gateway_metrics_port}/hosts") as resp:
+                hosts = await resp.text()
+            print("".join(f"  {line}\n" for line in hosts.splitlines()))
+            missing = [n.name for p in pools for n in p.nodes if f"\t{n.name}" not in hosts]
+            if missing:
+                failed.append(f"hosts file lacks {', '.join(missing)}")
 
         if args.keep_running:
             node = pools[1].nodes[0].name
@@ -122,6 +132,8 @@ async def main(args: argparse.Namespace) -> int:
             print(f"  curl -H 'Host: {node}:9400' {cluster.front_url}/metrics | head")
             print(f"  curl {cluster.sd_url}          # Prometheus HTTP service discovery")
             print(f"  curl http://127.0.0.1:{cluster.gateway_metrics_port}/metrics | grep raven_")
+            print(f"  raven status --gateway http://127.0.0.1:{cluster.gateway_metrics_port}   # or open "
+                  f"http://127.0.0.1:{cluster.gateway_metrics_port}/status.html")
             print("Press Ctrl-C to stop.")
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

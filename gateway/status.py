@@ -1,0 +1,172 @@
+"""What a platform team wants to see at a glance: this replica, its pools and agents, every node's last scrape.
+
+:func:`snapshot` builds one JSON-able picture from the registry and the proxy (``/status`` on the ops port,
+``raven status``); :func:`render_html` turns it into a self-contained page (``/status.html``: no external
+assets, so it works air-gapped; it refreshes itself).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.registry import Registry
+
+
+@dataclass(slots=True)
+class NodeResult:
+    """The outcome of the latest request for one node, as the client saw it."""
+
+    at: float  # wall clock
+    code: str  # HTTP status sent, or broken-502, client-gone, ...
+    reason: str  # empty when it worked
+
+
+def snapshot(
+    *,
+    replica: str,
+    replicas: int,
+    started: float,
+    ready: tuple[bool, str],
+    draining: bool,
+    registry: Registry,
+    last: Mapping[str, NodeResult],
+    now: float | None = None,
+) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    pools: dict[str, dict[str, Any]] = {}
+    for sess in sorted(registry.sessions.values(), key=lambda x: (x.agent, x.session_id)):
+        for name in sorted(sess.pools):
+            entry = pools.setdefault(name, {"pool": name, "agents": [], "nodes": 0, "reachable": 0})
+            entry["agents"].append({
+                "agent": sess.agent,
+                "session": sess.session_id[:8],
+                "peer": sess.peer,
+                "age_seconds": round(max(0.0, now - sess.connected_at), 1),
+                "streams": sess.session.in_flight,
+                "draining": bool(sess.draining or sess.session.peer_draining),
+                "nodes": len(sess.nodes),
+            })
+    nodes = []
+    for e in registry.known_nodes():
+        pool = pools.setdefault(e.pool, {"pool": e.pool, "agents": [], "nodes": 0, "reachable": 0})
+        pool["nodes"] += 1
+        pool["reachable"] += 1 if e.sessions else 0
+        result = last.get(e.name)
+        nodes.append({
+            "name": e.name,
+            "pool": e.pool,
+            "agents": sorted({s.agent for s in e.sessions}),
+            "last": None if result is None else {
+                "seconds_ago": round(max(0.0, now - result.at), 1), "code": result.code, "reason": result.reason,
+            },
+        })
+    return {
+        "replica": replica,
+        "replicas": replicas,
+        "uptime_seconds": round(max(0.0, now - started), 1),
+        "ready": ready[0],
+        "ready_reason": ready[1],
+        "draining": draining,
+        "pools": [pools[name] for name in sorted(pools)],
+        "nodes": nodes,
+    }
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _ok(code: str) -> bool:
+    return code.isdigit() and 200 <= int(code) < 400
+
+
+def render_html(snap: Mapping[str, Any], refresh: int = 5) -> str:
+    """The status page: plain HTML and inline CSS, readable on a laptop screen."""
+    rows_pools = []
+    for p in snap["pools"]:
+        agents = p["agents"]
+        state = "ok" if agents and p["reachable"] == p["nodes"] else ("bad" if not agents else "warn")
+        agent_lines = "".join(
+            f"<div>{_e(a['agent'])} <span class=dim>session {_e(a['session'])}, {_fmt_age(a['age_seconds'])}, "
+            f"{a['streams']} stream(s){', draining' if a['draining'] else ''}</span></div>" for a in agents
+        ) or "<div class=bad>no agent connected</div>"
+        rows_pools.append(f"<tr class={state}><td>{_e(p['pool'])}</td><td>{agent_lines}</td>"
+                          f"<td>{p['reachable']} / {p['nodes']}</td></tr>")
+    rows_nodes = []
+    for n in snap["nodes"]:
+        last = n["last"]
+        if last is None:
+            cls, result = "dim", "not scraped yet"
+        else:
+            cls = "ok" if _ok(last["code"]) else "bad"
+            result = f"{_e(last['code'])} {_fmt_age(last['seconds_ago'])} ago"
+            if last["reason"]:
+                result += f"<div class=reason>{_e(last['reason'])}</div>"
+        agents = ", ".join(_e(a) for a in n["agents"]) or "<span class=bad>none</span>"
+        rows_nodes.append(f"<tr class={cls}><td>{_e(n['name'])}</td><td>{_e(n['pool'])}</td><td>{agents}</td>"
+                          f"<td>{result}</td></tr>")
+    ready = "ready" if snap["ready"] else "not ready"
+    return f"""<!doctype html>
+<html lang=en><head><meta charset=utf-8><meta http-equiv=refresh content="{refresh}">
+<meta name=viewport content="width=device-width, initial-scale=1">
+<title>Raven gateway {_e(snap['replica'])}</title>
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }}
+h1 {{ font-size: 1.3em; margin: 0 0 .2em; }} h2 {{ font-size: 1.1em; margin: 1.4em 0 .4em; }}
+table {{ border-collapse: collapse; width: 100%; max-width: 70em; }}
+th, td {{ text-align: left; padding: .35em .6em; border-bottom: 1px solid #ddd; vertical-align: top; }}
+th {{ background: #f3f3f3; }} .dim {{ color: #777; }} .reason {{ color: #a00; font-size: .92em; }}
+tr.ok td:first-child {{ border-left: 4px solid #2a2; }} tr.warn td:first-child {{ border-left: 4px solid #d90; }}
+tr.bad td:first-child {{ border-left: 4px solid #c22; }} div.bad, span.bad {{ color: #c22; }}
+</style></head><body>
+<h1>Raven gateway {_e(snap['replica'])}</h1>
+<div class=dim>replica of {snap['replicas']} &middot; up {_fmt_age(snap['uptime_seconds'])} &middot;
+{_e(ready)}: {_e(snap['ready_reason'])}{' &middot; draining' if snap['draining'] else ''} &middot;
+refreshes every {refresh}s</div>
+<h2>Pools</h2>
+<table><tr><th>pool</th><th>agents (sessions to this replica)</th><th>nodes reachable</th></tr>
+{''.join(rows_pools) or '<tr><td colspan=3 class=dim>no pools yet</td></tr>'}</table>
+<h2>Nodes</h2>
+<table><tr><th>node</th><th>pool</th><th>agents</th><th>last scrape through this replica</th></tr>
+{''.join(rows_nodes) or '<tr><td colspan=4 class=dim>no nodes yet</td></tr>'}</table>
+</body></html>
+"""
+
+
+def _fmt_age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render_text(snap: Mapping[str, Any]) -> str:
+    """The same as plain-text tables, for ``raven status``."""
+    out = [f"gateway {snap['replica']} (replica of {snap['replicas']}), up {_fmt_age(snap['uptime_seconds'])}, "
+           f"{'ready' if snap['ready'] else 'NOT READY'}: {snap['ready_reason']}"
+           f"{', draining' if snap['draining'] else ''}", ""]
+    rows: list[tuple[str, ...]] = [("POOL", "AGENT", "SESSION", "AGE", "STREAMS", "STATE", "NODES")]
+    for p in snap["pools"]:
+        if not p["agents"]:
+            rows.append((p["pool"], "-", "-", "-", "-", "NO AGENT", f"{p['reachable']}/{p['nodes']}"))
+        for a in p["agents"]:
+            rows.append((p["pool"], a["agent"], a["session"], _fmt_age(a["age_seconds"]), str(a["streams"]),
+                         "draining" if a["draining"] else "up", f"{p['reachable']}/{p['nodes']}"))
+    out += [*_table(rows), ""]
+    rows = [("NODE", "POOL", "AGENTS", "LAST", "AGO", "ERROR")]
+    for n in snap["nodes"]:
+        last = n["last"] or {"code": "-", "seconds_ago": None, "reason": ""}
+        ago = "-" if last["seconds_ago"] is None else _fmt_age(last["seconds_ago"])
+        rows.append((n["name"], n["pool"], ",".join(n["agents"]) or "NONE", last["code"], ago, last["reason"]))
+    out += _table(rows)
+    return "\n".join(out) + "\n"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

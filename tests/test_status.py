@@ -1,0 +1,127 @@
+"""What a platform team sees: `raven status` tables and JSON, and the status page in a real (headless) browser."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from raven.launch import LocalCluster, PoolSpec
+from raven.simexporter import SimExporter, SimNode
+from tests.conftest import HOSTS, pick_node_port
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+TOKEN = "status-token-0123456789abcdef"
+
+
+@dataclass
+class Seen:
+    cluster: LocalCluster
+    port: int
+
+    @property
+    def ops(self) -> str:
+        return f"http://127.0.0.1:{self.cluster.gateway_metrics_port}"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def seen(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seen]:
+    port = pick_node_port(HOSTS)
+    ok = [SimNode("st-a-1", HOSTS[0], port), SimNode("st-a-2", HOSTS[1], port)]
+    broken = SimNode("st-b-1", HOSTS[2], port)
+    exporter = SimExporter([*ok, broken])
+    await exporter.start()
+    exporter.set_mode("st-b-1", "refuse")  # the node's exporter is down: every scrape of it fails
+    cluster = LocalCluster(tmp_path_factory.mktemp("status"),
+                           [PoolSpec("pool-a", ok, agents=2), PoolSpec("pool-b", [broken], agents=1)],
+                           allowed_ports=[port], front_token=TOKEN)
+    try:
+        await cluster.start()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            for node in ("st-a-1", "st-a-2", "st-b-1"):
+                async with http.get(f"{cluster.front_url}/metrics", headers={
+                        "Host": f"{node}:{port}", **cluster.auth_headers}) as resp:
+                    await resp.read()
+        yield Seen(cluster, port)
+    finally:
+        await cluster.close()
+        await exporter.close()
+
+
+def _raven(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "raven.cli", *args], capture_output=True, text=True, timeout=30)
+
+
+async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    out = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gateway gw-1 (replica of 1)" in text and "ready" in text
+    for agent in ("agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1"):
+        assert agent in text
+    line = next(x for x in text.splitlines() if x.startswith("st-b-1"))
+    assert "pool-b" in line and "502" in line and "cannot connect to node st-b-1" in line
+    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[3] == "200"
+    as_json = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token),
+                                      "-o", "json")
+    snap = json.loads(as_json.stdout)
+    assert [p["pool"] for p in snap["pools"]] == ["pool-a", "pool-b"]
+    assert len(snap["pools"][0]["agents"]) == 2 and snap["pools"][0]["reachable"] == 2
+    refused = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops)
+    assert refused.returncode == 1 and "--token-file" in refused.stderr
+
+
+async def test_status_endpoints_need_credentials(seen: Seen) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        async with http.get(seen.ops + "/status") as resp:
+            assert resp.status == 401
+        async with http.get(seen.ops + "/status.html") as resp:
+            assert resp.status == 401
+            assert resp.headers["WWW-Authenticate"].startswith('Basic realm="raven"')  # the browser asks
+        basic = "Basic " + base64.b64encode(f"me:{TOKEN}".encode()).decode()
+        async with http.get(seen.ops + "/status.html", headers={"Authorization": basic}) as resp:
+            assert resp.status == 200 and resp.content_type == "text/html"
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "Debian's chromium is needed (scripts/system-deps.sh installs it)"
+    return exe
+
+
+async def test_status_page_in_a_real_browser(seen: Seen, tmp_path: Path) -> None:
+    """Headless Chromium loads the page (logging in as a browser does) and shows what a person would see."""
+    url = f"http://viewer:{TOKEN}@127.0.0.1:{seen.cluster.gateway_metrics_port}/status.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
+    proc = await asyncio.create_subprocess_exec(_chromium(), *flags, "--dump-dom", url,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    dom = out.decode()
+    assert "<h1>Raven gateway gw-1</h1>" in dom, err.decode()[-2000:]
+    for text in ("pool-a", "pool-b", "agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1", "st-a-1", "st-a-2"):
+        assert text in dom
+    row = dom[dom.index("<td>st-b-1</td>"):]
+    row = row[: row.index("</tr>")]
+    assert "cannot connect to node st-b-1" in row and "502" in row  # the failing node with its reason
+    assert 'http-equiv="refresh"' in dom
+    assert "http://" not in dom.split("<body>", 1)[0].replace(url, "")  # no external assets
