@@ -245,7 +245,10 @@ class Agent:
             if self.replica_sessions.get(welcome.replica) is session:
                 del self.replica_sessions[welcome.replica]
             self.metrics.sessions.set(len(self.sessions))
-            log.warning("session to gateway %s ended: %s", welcome.replica, session.close_reason)
+            # Ending because this agent or that gateway is draining is the normal way: INFO, not WARNING.
+            expected = self.draining or session.peer_draining
+            log.log(logging.INFO if expected else logging.WARNING, "session to gateway %s ended: %s",
+                    welcome.replica, session.close_reason)
 
     # ------------------------------------------------------------ dial loops
 

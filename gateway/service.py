@@ -103,15 +103,30 @@ class Gateway:
         self._was_ready = False
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once agents have connected and settled; then it stays ready (no flapping) until draining."""
+        """Whether this replica should get traffic now (``/readyz``), and why; evaluated on every call.
+
+        Not ready while draining; while the Kubernetes Node list has not arrived (registrations wait for
+        it); after a start until agents have connected and settled (``ready_settle``, at most
+        ``ready_max_wait``); and when it has lost every agent session it had for longer than ``ready_max_wait``
+        (it can serve nothing while other replicas may; a reconnect does not flap it). A replica that never had
+        an agent is ready after ``ready_max_wait``, so that a rollout before any agent exists is not blocked.
+        """
         if self.tunnel.draining:
             return False, "draining"
-        if self._was_ready:
-            sessions, nodes = len(self.registry.sessions), len(self.registry.reachable_nodes())
-            return True, f"{sessions} agent session(s), {nodes} node(s)"
-        ok, why = self._settled()
-        self._was_ready = ok
-        return ok, why
+        if not self.kube_synced:
+            return False, "waiting for the Kubernetes Node list"
+        if not self._was_ready:
+            ok, why = self._settled()
+            if not ok:
+                return False, why
+            self._was_ready = True
+        sessions, nodes = len(self.registry.sessions), len(self.registry.reachable_nodes())
+        empty_since = self.tunnel.empty_since
+        if not sessions and empty_since is not None:
+            alone = time.monotonic() - empty_since
+            if alone > self.cfg.ready_max_wait:
+                return False, f"no agent session for {alone:.0f}s: this replica can serve no edge node"
+        return True, f"{sessions} agent session(s), {nodes} node(s)"
 
     def settled(self) -> bool:
         """Has this replica seen its agents come back since it started (the condition behind /readyz)?"""

@@ -50,6 +50,9 @@ class TunnelEndpoint:
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self.handlers: set[asyncio.Task[None]] = set()
         self.last_session_at = time.monotonic()
+        # Since when this replica has held no agent session after having held some (None: it holds some, or
+        # never had any since it started).
+        self.empty_since: float | None = None
         self._tls_logged: dict[str, tuple[float, int]] = {}
         self._log = RateLimitedLog(log)
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
@@ -244,6 +247,7 @@ class TunnelEndpoint:
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer)
         holder.append(agent_session)
         self.last_session_at = time.monotonic()
+        self.empty_since = None
         old = self.registry.add_session(agent_session)
         if old is not None:
             log.info("agent %s reconnected with session %s: closing the older one", hello.agent, hello.session[:8])
@@ -259,6 +263,8 @@ class TunnelEndpoint:
             await session.run(messages(ws))
         finally:
             self.registry.remove_session(agent_session)
+            if not self.registry.sessions:
+                self.empty_since = time.monotonic()
             for pool in pools:
                 self.metrics.sessions.labels(pool).dec()
             self._update_gauges()

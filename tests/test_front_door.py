@@ -71,6 +71,7 @@ async def door(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Door]:
                 "max_connect_per_client": 2, "connect_idle_timeout": 1.5,
             },
             "limits": {"handshake_timeout": HEAD_TIMEOUT, "heartbeat_interval": 0.5, "heartbeat_timeout": 2.5},
+            "ready_max_wait": 3,
         },
         agent_settings={"allow_connect": True},
     )
@@ -410,4 +411,46 @@ async def test_clients_that_give_up_release_the_agent_at_once(door: Door) -> Non
         assert took < 1.0, took
     finally:
         door.exporter.set_mode("door-1", "ok")
+    await scrape(door)
+
+
+async def test_readiness_is_live(door: Door) -> None:
+    """A replica that loses every agent session for longer than ready_max_wait turns unready, and ready again
+    when an agent is back; /readyz says why."""
+    url = f"http://127.0.0.1:{door.ops_port}/readyz"
+
+    async def readyz() -> tuple[int, str]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            async with http.get(url) as resp:
+                return resp.status, await resp.text()
+
+    assert (await readyz())[0] == 200
+    (name, agent), = door.cluster.agents.items()
+    await door.cluster.stop(agent, signal.SIGKILL)
+
+    async def unready() -> bool:
+        status, text = await readyz()
+        return status == 503 and "no agent session for" in text
+
+    await eventually(unready, timeout=30, what="unready without agents")  # ready_max_wait is 3 s here
+    await door.cluster.start_agent(door.cluster.pools[0], name)
+
+    async def ready() -> bool:
+        return (await readyz())[0] == 200
+
+    await eventually(ready, timeout=30, what="ready again")
+    await door.cluster.wait_registered(30)
+    await scrape(door)
+
+
+async def test_a_clean_drain_logs_no_warning(door: Door) -> None:
+    """SIGTERM on the agent: it drains and exits 0; the end of its sessions is an INFO line, not a WARNING."""
+    (name, agent), = door.cluster.agents.items()
+    assert await door.cluster.stop(agent, signal.SIGTERM) == 0
+    log = agent.log.read_text()
+    ended = [line for line in log.splitlines() if "session to gateway" in line and "ended" in line]
+    assert ended and all(" INFO " in line for line in ended), ended
+    assert " WARNING " not in log.split("draining", 1)[-1], log[-2000:]
+    await door.cluster.start_agent(door.cluster.pools[0], name)
+    await door.cluster.wait_registered(30)
     await scrape(door)
