@@ -65,6 +65,12 @@ class FairSlots:
             if not queue:
                 del self._queues[key]
 
+    def resize(self, limit: int, per_key: int) -> None:
+        """New limits (a configuration reload): more room is handed out at once, less takes effect as slots free."""
+        self.limit = limit
+        self.per_key = max(1, min(per_key, limit))
+        self._grant()
+
     def release(self, key: str) -> None:
         self.active -= 1
         left = self.held.get(key, 1) - 1

@@ -88,11 +88,21 @@ class Forwarder:
         self._slots: dict[str, FairSlots] = {}  # node -> its upstream slots (dropped when idle)
         self._log = RateLimitedLog(log)
 
+    def configure(self, policy: Policy, connect_timeout: float, connections_per_node: int,
+                  client_share: float) -> None:
+        """New settings (a configuration reload): streams opened from now on get them; slots resize in place."""
+        self.policy = policy
+        self.connect_timeout = connect_timeout
+        self._connections_per_node = connections_per_node
+        self._per_client = max(1, int(client_share * connections_per_node))
+        for slots in self._slots.values():
+            slots.resize(connections_per_node, self._per_client)
+
     def _http(self) -> aiohttp.ClientSession:
         if self._client is None:
             connector = aiohttp.TCPConnector(
                 limit=0,
-                limit_per_host=self._connections_per_node,
+                limit_per_host=0,  # the fair slots bound each node's connections (and follow a reload)
                 keepalive_timeout=30,
                 ttl_dns_cache=30,
             )

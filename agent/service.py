@@ -9,6 +9,8 @@ import random
 import signal
 import ssl
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -22,6 +24,7 @@ from raven.config import AgentConfig
 from raven.metrics import AgentMetrics
 from raven.mux import Session
 from raven.ops import start_ops_server
+from raven.reload import Reloader, effective
 from raven.tls import CertReloader
 from raven.transport import WebSocketSink, messages
 
@@ -44,9 +47,17 @@ def full_jitter(attempt: int, initial: float, cap: float, rng: random.Random) ->
     return rng.uniform(0, min(cap, initial * (2 ** min(attempt, 30))))
 
 
+# Settings a running agent cannot take over: its identity, where it dials, its listeners and wire limits.
+AGENT_RESTART_ONLY = ("name", "pool", "gateway", "metrics_listen", "tls", "limits", "kubernetes",
+                      "config_watch_interval")
+
+
 class Agent:
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, load: Callable[[], AgentConfig] | None = None,
+                 config_path: Path | None = None) -> None:
         self.cfg = cfg
+        self.config_reloader = (Reloader(load, self.apply_config, config_path, cfg.config_watch_interval)
+                                if load is not None else None)
         self.metrics = AgentMetrics()
         ident = pki.load_identity(cfg.tls.cert)
         self.name = cfg.name or ident.agent or ident.common_name
@@ -76,6 +87,7 @@ class Agent:
         self.draining = False
         self._stop = asyncio.Event()
         self._static_nodes = {n.name: n.address for n in cfg.nodes}
+        self._kube_nodes: dict[str, str] = {}  # this pool's Node objects: name -> address
         self._kube_synced = asyncio.Event()
         self._nodes = dict(self._static_nodes)
         self.forwarder = Forwarder(
@@ -93,6 +105,27 @@ class Agent:
         self._rng = random.Random()
         self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
 
+    def apply_config(self, new: AgentConfig) -> None:
+        """Take over a reloaded configuration without dropping a session: the node list (re-registered),
+        allowlists, timeouts and upstream limits; the rest waits for a restart (and a warning says so)."""
+        cfg, changed, held = effective(self.cfg, new, AGENT_RESTART_ONLY)
+        if held:
+            log.warning("configuration reload: %s changed, which takes effect only after a restart",
+                        ", ".join(held))
+        if not changed:
+            log.info("configuration reload: nothing else changed")
+            return
+        self.cfg = cfg
+        self.forwarder.configure(
+            Policy(frozenset(cfg.allowed_ports), frozenset(cfg.allowed_methods), cfg.allow_connect,
+                   cfg.request_timeout),
+            cfg.connect_timeout, cfg.upstream_connections_per_node, cfg.upstream_client_share,
+        )
+        self._static_nodes = {n.name: n.address for n in cfg.nodes}
+        self._set_nodes()
+        logging.getLogger().setLevel(cfg.log_level.upper())
+        log.info("configuration reload: took over %s", ", ".join(changed))
+
     def ready(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
@@ -102,14 +135,20 @@ class Agent:
 
     def set_kube_nodes(self, nodes: dict[str, KubeNode]) -> None:
         """The pool's Node objects changed: serve them (plus the static list) and re-register everywhere."""
-        found = {n.name: n.addresses[0] for n in nodes.values() if n.pool == self.pool and n.addresses}
-        merged = {**found, **self._static_nodes}
+        self._kube_nodes = {n.name: n.addresses[0] for n in nodes.values() if n.pool == self.pool and n.addresses}
         first = not self._kube_synced.is_set()
         self._kube_synced.set()
-        if merged == self._nodes and not first:
+        self._set_nodes(force=first)
+
+    def _set_nodes(self, force: bool = False) -> None:
+        """Serve the Node objects' nodes plus the static list; when that changed, re-register everywhere."""
+        merged = {**self._kube_nodes, **self._static_nodes}
+        if merged == self._nodes and not force:
             return
-        log.info("pool %s now has %d node(s) (%d from Node objects)", self.pool, len(merged), len(found))
+        log.info("pool %s now has %d node(s) (%d from Node objects)", self.pool, len(merged), len(self._kube_nodes))
         self._nodes = merged
+        if self.cfg.kubernetes.enabled and not self._kube_synced.is_set():
+            return  # the first REGISTER waits for the Node list (a partial list would withdraw nodes)
         register = wire.Register(self.node_infos())
         self.refused.clear()
         for session in list(self.sessions):
@@ -384,6 +423,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         ops = await start_ops_server(self.cfg.metrics_listen, self.metrics.registry, self.ready)
         self.reloader.start()
+        if self.config_reloader is not None:
+            self.config_reloader.start()
         stop_task: asyncio.Task[None] | None = None
 
         def on_signal() -> None:
@@ -410,6 +451,8 @@ class Agent:
                 loop.remove_signal_handler(sig)
             await self.forwarder.close()
             await self.reloader.stop()
+            if self.config_reloader is not None:
+                await self.config_reloader.stop()
             await ops.cleanup()
         log.info("agent %s stopped", self.name)
         return 0

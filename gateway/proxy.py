@@ -60,6 +60,9 @@ FORWARDED = frozenset(
     {"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-port", "x-forwarded-proto", "x-real-ip"}
 )
 
+_DROP = FORWARDED | {"host"}
+_DROP_WITH_AUTH = _DROP | {"authorization"}
+
 # The reason label of raven_gateway_front_refused_total for refusals raised without one.
 STATUS_LABEL: dict[int, str] = {
     400: "bad-request", 403: "port", 404: "unknown-node", 405: "method", 408: "body-timeout",
@@ -231,15 +234,11 @@ class Proxy:
         settled: Callable[[], bool] = lambda: True,
         auth: FrontAuth | None = None,
     ) -> None:
-        self.cfg = cfg
         self.registry = registry
         self.metrics = metrics
-        self.allowed_ports = frozenset(cfg.allowed_ports)
-        self.allowed_methods = frozenset(cfg.allowed_methods)
-        self.allow_header = ", ".join([*cfg.allowed_methods, *(["CONNECT"] if cfg.allow_connect else [])])
+        self.configure(cfg)
         self.node_streams: dict[str, int] = {}
         self.client_streams: dict[tuple[str, str], int] = {}  # (client address, node) -> streams in flight
-        self.client_cap = max(1, int(cfg.client_share * cfg.max_streams_per_node))
         self.connect_tunnels: dict[str, int] = {}  # client address -> CONNECT tunnels open
         self.connect_total = 0
         self.idle = asyncio.Event()
@@ -249,8 +248,6 @@ class Proxy:
         self.settled = settled
         self.last: dict[str, NodeResult] = {}  # registered node -> its latest request's outcome (status page)
         self.auth = auth or FrontAuth(None)
-        # Host-header mode: the bearer token is for the gateway, never for the node.
-        self.drop_headers = FORWARDED | {"host", *(["authorization"] if self.auth.enabled else [])}
 
     # ------------------------------------------------------------ entry point
 
@@ -288,6 +285,14 @@ class Proxy:
             return await self._http(request, target, found.entry, deadline, start)
         except Refusal as ref:
             return self._refuse(request, ref, node, pool, kind, start)
+
+    def configure(self, cfg: GatewayFront) -> None:
+        """Take the front end's settings (at start, and on a configuration reload: for requests from now on)."""
+        self.cfg = cfg
+        self.allowed_ports = frozenset(cfg.allowed_ports)
+        self.allowed_methods = frozenset(cfg.allowed_methods)
+        self.allow_header = ", ".join([*cfg.allowed_methods, *(["CONNECT"] if cfg.allow_connect else [])])
+        self.client_cap = max(1, int(cfg.client_share * cfg.max_streams_per_node))
 
     def _finish(self, pool: str, node: str, kind: str, code: str, reason: str = "") -> None:
         """Count a request's outcome; for a registered node, remember it (the status page's last scrape)."""
@@ -456,7 +461,9 @@ class Proxy:
         client = request.remote or "?"
         # In proxy mode the client's own Authorization is for the node and passes through.
         proxy_mode = request.raw_path.startswith("http")
-        headers = filter_headers(request.headers.items(), FORWARDED | {"host"} if proxy_mode else self.drop_headers)
+        # Host-header mode with credentials: the bearer token is for the gateway, never for the node.
+        drop = _DROP_WITH_AUTH if self.auth.enabled and not proxy_mode else _DROP
+        headers = filter_headers(request.headers.items(), drop)
         remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
         headers = (
             ("Host", f"{target.node}:{target.port}"), *headers,

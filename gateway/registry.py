@@ -109,6 +109,11 @@ class Registry:
 
     # ------------------------------------------------------------ sessions
 
+    def set_hosts_cost(self, cost: Callable[[str], int]) -> None:
+        """The service addresses changed (a reload): every name's share of the hosts file is counted again."""
+        self.hosts_cost = cost
+        self.hosts_bytes = sum(cost(name) for name in self.nodes)
+
     def agent_sessions(self, agent: str) -> int:
         """Sessions this agent identity holds now (to this replica)."""
         return sum(1 for (name, _) in self.sessions if name == agent)

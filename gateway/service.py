@@ -7,6 +7,8 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -29,6 +31,7 @@ from raven.listener import (
 )
 from raven.metrics import GatewayMetrics
 from raven.ops import start_ops_server
+from raven.reload import Reloader, effective
 from raven.tls import CertReloader
 
 if TYPE_CHECKING:
@@ -37,18 +40,29 @@ if TYPE_CHECKING:
 log = logging.getLogger("raven.gateway")
 
 
+# Settings a running gateway cannot take over: listeners, identity, the tunnel's wire limits, Kubernetes and
+# where the hosts file goes. A reload that changes them says so and keeps the old values until a restart.
+RESTART_ONLY = (
+    "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
+    "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
+    "hosts.configmap", "hosts.lease", "config_watch_interval",
+)
+
+
 class Gateway:
-    def __init__(self, cfg: GatewayConfig) -> None:
+    def __init__(self, cfg: GatewayConfig, load: Callable[[], GatewayConfig] | None = None,
+                 config_path: Path | None = None) -> None:
         self.cfg = cfg
+        self.config_reloader = (Reloader(load, self.apply_config, config_path, cfg.config_watch_interval)
+                                if load is not None else None)
         self.metrics = GatewayMetrics()
         budget: int | None = None
         if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
             budget = CONFIGMAP_MAX_BYTES - 4096  # room for the file's header lines
-        addresses = cfg.hosts.service_addresses
         self.registry = Registry(
             rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
-            hosts_budget=budget, hosts_cost=lambda name: sum(len(a) + len(name) + 2 for a in addresses),
+            hosts_budget=budget, hosts_cost=self._hosts_cost(cfg),
         )
         sinks = []
         if cfg.hosts.file is not None:
@@ -69,15 +83,9 @@ class Gateway:
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
         self.reloader = CertReloader(cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed)
         front = cfg.front
-        budget = descriptor_budget(front.fd_reserve)
-        front_cap = min(front.max_connections, budget)
-        if front_cap < front.max_connections:
-            log.warning("the open-files limit leaves %d descriptors beyond the reserve of %d: the front end takes at "
-                        "most %d connections (front.max_connections %d)", budget, front.fd_reserve, front_cap,
-                        front.max_connections)
+        self.fd_budget = descriptor_budget(front.fd_reserve)
         self.front_guard = ConnectionGuard(
-            "front end",
-            GuardLimits(front.head_timeout, front.idle_timeout, front_cap, front.max_connections_per_client),
+            "front end", self._front_limits(cfg),
             on_refused=lambda label: self.metrics.front_refused.labels(label).inc(),
         )
         self.tunnel_guard = ConnectionGuard(
@@ -127,6 +135,51 @@ class Gateway:
             if alone > self.cfg.ready_max_wait:
                 return False, f"no agent session for {alone:.0f}s: this replica can serve no edge node"
         return True, f"{sessions} agent session(s), {nodes} node(s)"
+
+    def _front_limits(self, cfg: GatewayConfig) -> GuardLimits:
+        front = cfg.front
+        cap = min(front.max_connections, self.fd_budget)
+        if cap < front.max_connections:
+            log.warning("the open-files limit leaves %d descriptors beyond the reserve of %d: the front end takes at "
+                        "most %d connections (front.max_connections %d)", self.fd_budget, front.fd_reserve, cap,
+                        front.max_connections)
+        return GuardLimits(front.head_timeout, front.idle_timeout, cap, front.max_connections_per_client)
+
+    def apply_config(self, new: GatewayConfig) -> None:
+        """Take over a reloaded configuration without dropping a session or a connection.
+
+        Raises ConfigError (nothing changed then) when a token file of the new configuration is unusable.
+        """
+        cfg, changed, held = effective(self.cfg, new, RESTART_ONLY)
+        if held:
+            log.warning("configuration reload: %s changed, which takes effect only after a restart",
+                        ", ".join(held))
+        if not changed:
+            log.info("configuration reload: nothing else changed")
+            return
+        front = cfg.front
+        tokens = TokenSet(front.auth.token_files, front.auth.reload_interval) if front.auth.token_files else None
+        self.cfg = cfg
+        self.auth.tokens = tokens
+        self.proxy.configure(front)
+        self.front_guard.limits = self._front_limits(cfg)
+        self.tunnel_guard.limits = GuardLimits(cfg.limits.handshake_timeout, cfg.limits.handshake_timeout,
+                                               cfg.tunnel.max_connections, cfg.tunnel.max_connections_per_address)
+        self.tunnel.configure(cfg)
+        reg = self.registry
+        reg.rebind_after, reg.max_nodes_per_agent = cfg.node_rebind_after, cfg.max_nodes_per_agent
+        reg.max_nodes_total, reg.name_suffixes = cfg.max_nodes_total, tuple(cfg.allowed_name_suffixes)
+        if self.hosts.addresses != cfg.hosts.service_addresses:
+            self.hosts.addresses = list(cfg.hosts.service_addresses)
+            reg.set_hosts_cost(self._hosts_cost(cfg))
+            self.hosts.changed()
+        logging.getLogger().setLevel(cfg.log_level.upper())
+        log.info("configuration reload: took over %s", ", ".join(changed))
+
+    @staticmethod
+    def _hosts_cost(cfg: GatewayConfig) -> Callable[[str], int]:
+        addresses = tuple(cfg.hosts.service_addresses)
+        return lambda name: sum(len(a) + len(name) + 2 for a in addresses)
 
     def settled(self) -> bool:
         """Has this replica seen its agents come back since it started (the condition behind /readyz)?"""
@@ -305,12 +358,14 @@ class Gateway:
                 self.cfg.metrics_listen, self.metrics.registry, self.ready,
                 [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes), ("/status", self.status),
                  ("/status.html", self.status_page)],
-                authorize=self._authorize_ops if self.auth.enabled else None,
+                authorize=self._authorize_ops,  # open while no tokens are configured (a reload may add them)
             )
         )
         self.reloader.start()
         if self.front_reloader is not None:
             self.front_reloader.start()
+        if self.config_reloader is not None:
+            self.config_reloader.start()
         if self.cfg.kubernetes.enabled:
             await self.start_kubernetes()
         if self.hosts.sinks:
@@ -340,6 +395,8 @@ class Gateway:
         await self.reloader.stop()
         if self.front_reloader is not None:
             await self.front_reloader.stop()
+        if self.config_reloader is not None:
+            await self.config_reloader.stop()
         await self.hosts.stop()
         for task in self._background:
             task.cancel()

@@ -58,6 +58,13 @@ class TunnelEndpoint:
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
         self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
 
+    def configure(self, cfg: GatewayConfig) -> None:
+        """A reloaded configuration: caps and rates apply from the next handshake or registration on."""
+        self.cfg = cfg
+        for buckets, rate, burst in ((self.session_buckets, cfg.session_rate, cfg.session_burst),
+                                     (self.register_buckets, cfg.register_rate, cfg.register_burst)):
+            buckets.rate, buckets.burst = rate, float(burst)
+
     TLS_LOG_EVERY = 60.0  # seconds: the same TLS failure is logged once per interval, with a count
 
     def tls_failed(self, exc: ssl.SSLError) -> None:

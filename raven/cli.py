@@ -112,9 +112,10 @@ COMMON = {"cert": "tls.cert", "key": "tls.key", "ca": "tls.ca", "metrics_listen"
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    cfg = build(GatewayConfig, args.config, _overrides(args, {
+    overrides = _overrides(args, {
         **COMMON, "listen": "front.listen", "tunnel_listen": "tunnel.listen", "replica_id": "replica_id",
-    }))
+    })
+    cfg = build(GatewayConfig, args.config, overrides)
     if args.check:
         print(cfg.model_dump_json(indent=2))
         return 0
@@ -122,24 +123,31 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     fix_mmap_threshold()
     from gateway.service import Gateway
 
+    def load() -> GatewayConfig:  # on SIGHUP or a changed file: built as at start (file, environment, flags)
+        new: GatewayConfig = build(GatewayConfig, args.config, overrides)
+        return new
+
     async def main() -> int:
-        return await Gateway(cfg).run()
+        return await Gateway(cfg, load, args.config).run()
 
     return run_async(main())
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    cfg = build(AgentConfig, args.config, _overrides(args, {
-        **COMMON, "gateway_url": "gateway.url", "pool": "pool", "name": "name",
-    }))
+    overrides = _overrides(args, {**COMMON, "gateway_url": "gateway.url", "pool": "pool", "name": "name"})
+    cfg = build(AgentConfig, args.config, overrides)
     if args.check:
         print(cfg.model_dump_json(indent=2))
         return 0
     setup_logging(cfg.log_level)
     from agent.service import Agent
 
+    def load() -> AgentConfig:  # on SIGHUP or a changed file: built as at start (file, environment, flags)
+        new: AgentConfig = build(AgentConfig, args.config, overrides)
+        return new
+
     async def main() -> int:
-        return await Agent(cfg).run()
+        return await Agent(cfg, load, args.config).run()
 
     return run_async(main())
 

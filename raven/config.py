@@ -315,6 +315,9 @@ class GatewayConfig(_Model):
     )
     drain_grace: Seconds = 20.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    config_watch_interval: Seconds = Field(
+        5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",
+    )
 
     @model_validator(mode="after")
     def _front_authenticated_unless_loopback(self) -> GatewayConfig:
@@ -412,6 +415,9 @@ class AgentConfig(_Model):
     kubernetes: KubeSettings = KubeSettings()
     drain_grace: Seconds = 20.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    config_watch_interval: Seconds = Field(
+        5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",
+    )
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> AgentConfig:
