@@ -382,7 +382,8 @@ def adapter_rules() -> list[dict[str, Any]]:
 
 
 def adapter_query(rule: dict[str, Any], series: str, matchers: str, group_by: str) -> str:
-    return (rule["metricsQuery"].replace("<<.Series>>", series).replace("<<.LabelMatchers>>", matchers)
+    template: str = rule["metricsQuery"]
+    return (template.replace("<<.Series>>", series).replace("<<.LabelMatchers>>", matchers)
             .replace("<<.GroupBy>>", group_by))
 
 

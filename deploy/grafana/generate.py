@@ -128,23 +128,22 @@ P = 'pool=~"$pool"'
 
 def gpu_cluster() -> Json:
     variables = [query_var("pool", "Pool", 'label_values(DCGM_FI_DEV_GPU_UTIL{pool!=""}, pool)', multi=True)]
-    s = {"w": 4, "h": 4}
     panels = [
         row("Overview"),
-        panel("stat", "GPUs", [target(f"count by (pool) (DCGM_FI_DEV_GPU_UTIL{{{P}}})", "{{pool}}")], **s,
+        panel("stat", "GPUs", [target(f"count by (pool) (DCGM_FI_DEV_GPU_UTIL{{{P}}})", "{{pool}}")], w=4, h=4,
               description="GPUs reporting through the tunnel, per pool."),
         panel("stat", "Nodes reporting", [target(
-            f"count by (pool) (count by (pool, node) (DCGM_FI_DEV_GPU_UTIL{{{P}}}))", "{{pool}}")], **s),
+            f"count by (pool) (count by (pool, node) (DCGM_FI_DEV_GPU_UTIL{{{P}}}))", "{{pool}}")], w=4, h=4),
         panel("stat", "Mean GPU utilisation", [target(f"avg by (pool) (DCGM_FI_DEV_GPU_UTIL{{{P}}})", "{{pool}}")],
-              unit="percent", max_value=100, **s),
+              unit="percent", max_value=100, w=4, h=4),
         panel("stat", "Framebuffer used", [target(
             f"sum by (pool) (DCGM_FI_DEV_FB_USED{{{P}}}) / (sum by (pool) (DCGM_FI_DEV_FB_USED{{{P}}})"
-            f" + sum by (pool) (DCGM_FI_DEV_FB_FREE{{{P}}}))", "{{pool}}")], unit="percentunit", max_value=1, **s),
+            f" + sum by (pool) (DCGM_FI_DEV_FB_FREE{{{P}}}))", "{{pool}}")], unit="percentunit", max_value=1, w=4, h=4),
         panel("stat", "Power", [target(f"sum by (pool) (DCGM_FI_DEV_POWER_USAGE{{{P}}})", "{{pool}}")],
-              unit="watt", **s),
+              unit="watt", w=4, h=4),
         panel("stat", "GPUs with an XID error", [target(
             f"count by (pool) (max_over_time(DCGM_FI_DEV_XID_ERRORS{{{P}}}[$__range]) != 0)"
-            f" or on (pool) (0 * count by (pool) (DCGM_FI_DEV_XID_ERRORS{{{P}}}))", "{{pool}}")], **s,
+            f" or on (pool) (0 * count by (pool) (DCGM_FI_DEV_XID_ERRORS{{{P}}}))", "{{pool}}")], w=4, h=4,
               description="GPUs whose last XID error (DCGM_FI_DEV_XID_ERRORS) was non-zero at some point in the "
                           "time range; 0 when none."),
         row("Utilisation and memory"),
@@ -211,14 +210,13 @@ def gpu_node() -> Json:
         query_var("node", "Node", 'label_values(DCGM_FI_DEV_GPU_UTIL{pool=~"$pool"}, node)', multi=False),
     ]
     per_gpu = "GPU {{gpu}}"
-    s = {"w": 6, "h": 4}
     panels = [
         row("Node"),
-        panel("stat", "GPUs", [target(f"count(DCGM_FI_DEV_GPU_UTIL{{{N}}})", "GPUs")], **s),
-        panel("stat", "Scrape through the tunnel", [target(f'up{{{N}, pool!=""}}', "{{job}}")], **s,
+        panel("stat", "GPUs", [target(f"count(DCGM_FI_DEV_GPU_UTIL{{{N}}})", "GPUs")], w=6, h=4),
+        panel("stat", "Scrape through the tunnel", [target(f'up{{{N}, pool!=""}}', "{{job}}")], w=6, h=4,
               description="1: the last scrape of this node through Raven succeeded."),
         panel("stat", "Scrape duration", [target(f'scrape_duration_seconds{{{N}, pool!=""}}', "{{job}}")],
-              unit="s", **s),
+              unit="s", w=6, h=4),
         table("Model and driver", [target(
             f"count by (modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_UTIL{{{N}}})", instant=True)],
             w=6, h=4),
@@ -263,18 +261,18 @@ def gpu_node() -> Json:
 
 def raven_tunnel() -> Json:
     variables = [query_var("pool", "Pool", "label_values(raven_gateway_sessions, pool)", multi=True)]
-    s = {"w": 6, "h": 4}
     panels = [
         row("Agents and sessions"),
-        panel("stat", "Agents per pool", [target(f"max by (pool) (raven_gateway_sessions{{{P}}})", "{{pool}}")], **s,
+        panel("stat", "Agents per pool", [target(f"max by (pool) (raven_gateway_sessions{{{P}}})", "{{pool}}")],
+              w=6, h=4,
               description="Agent sessions of the pool on the best-connected gateway replica (each agent holds "
                           "one session to every replica). 0: the pool is unreachable."),
         panel("stat", "Nodes reachable per pool", [target(f"max by (pool) (raven_gateway_nodes{{{P}}})",
-                                                         "{{pool}}")], **s),
-        panel("stat", "Gateway replicas", [target("count(raven_gateway_streams_in_flight)", "replicas")], **s),
+                                                         "{{pool}}")], w=6, h=4),
+        panel("stat", "Gateway replicas", [target("count(raven_gateway_streams_in_flight)", "replicas")], w=6, h=4),
         panel("stat", "Edge targets failing", [target(
             f'count by (pool) (up{{{P}, node!=""}} == 0) or on (pool) (0 * count by (pool) (up{{{P}, node!=""}}))',
-            "{{pool}}")], **s, description="Nodes whose last scrape through the tunnel failed."),
+            "{{pool}}")], w=6, h=4, description="Nodes whose last scrape through the tunnel failed."),
         panel("timeseries", "Sessions per gateway replica and pool", [target(
             f"sum by (instance, pool) (raven_gateway_sessions{{{P}}})", "{{instance}} {{pool}}")], w=8),
         panel("timeseries", "Sessions held by each agent", [target(
