@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
 ADAPTER_VALUES = ROOT / "deploy" / "prometheus-adapter" / "values.yaml"
+RULE_FILE = ROOT / "deploy" / "prometheus" / "rules" / "raven.rules.yaml"
 KUBECTL = shutil.which("kubectl")
 
 HOSTS = ["127.0.70.2", "127.0.70.3", "127.0.70.4", "127.0.70.5"]
@@ -186,6 +187,7 @@ def prometheus_config(cluster: LocalCluster, node_port: int) -> dict[str, Any]:
     ]
     return {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULE_FILE)],
         "scrape_configs": [
             {
                 "job_name": "edge-dcgm",
@@ -370,6 +372,48 @@ async def test_every_variable_query_returns_values(prom: PromBed) -> None:
             selector = fill(match.group(1), VARIABLES[uid])
             data = await api(prom.url, "/api/v1/label/" + match.group(2) + "/values", [("match[]", selector)])
             assert VARIABLES[uid][v["name"]].strip("()").split("|")[0] in data, (uid, v["name"], data)
+
+
+# ---------------------------------------------------------------- the rules on real series
+
+
+@aio
+async def test_recording_rules_and_alerts_on_real_series(prom: PromBed) -> None:
+    """Raven's rules loaded into the bed's Prometheus: every recording rule yields data from the real series
+    (so the labels they rely on exist), and the broken node's failing scrapes make its alert pending."""
+    await wait_for_edge_data(prom.url)
+    records = [r["record"] for g in yaml.safe_load(RULE_FILE.read_text())["groups"] for r in g["rules"]
+               if "record" in r]
+    empty: list[str] = []
+
+    async def recorded() -> bool:
+        empty[:] = [r for r in records if not (await api(prom.url, "/api/v1/query", {"query": r}))["result"]]
+        return not empty
+
+    try:
+        await poll(recorded, what="every recording rule has data")
+    except AssertionError:
+        pytest.fail(f"recording rules without data: {empty}")
+    by_pool: dict[str, float] = {}
+
+    async def error_ratios() -> bool:  # edge-west: 1 node of 2 answers 500; edge-east: no errors, 0 not absent
+        ratio = await api(prom.url, "/api/v1/query", {"query": "pool:raven_gateway_request_errors:ratio_rate5m"})
+        by_pool.clear()
+        by_pool.update({r["metric"]["pool"]: float(r["value"][1]) for r in ratio["result"]})
+        return by_pool.get("edge-east") == 0 and 0.2 < by_pool.get("edge-west", 0) < 0.8
+
+    try:
+        await poll(error_ratios, what="error ratios per pool")
+    except AssertionError:
+        pytest.fail(f"pool:raven_gateway_request_errors:ratio_rate5m: {by_pool}")
+
+    async def pending() -> bool:
+        alerts = (await api(prom.url, "/api/v1/alerts", {}))["alerts"]
+        failing = {(a["labels"]["alertname"], a["labels"].get("node")) for a in alerts}
+        return ("RavenNodeScrapeFailing", BROKEN_NODE) in failing and not any(
+            name == "RavenNodeScrapeFailing" and node != BROKEN_NODE for name, node in failing)
+
+    await poll(pending, what=f"RavenNodeScrapeFailing pending for {BROKEN_NODE} only")
 
 
 # ---------------------------------------------------------------- prometheus-adapter
