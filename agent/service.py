@@ -21,11 +21,11 @@ from agent.forwarder import Forwarder
 from agent.targets import DialTarget, Resolution, resolve
 from raven import pki, wire
 from raven.config import AgentConfig
-from raven.metrics import AgentMetrics
+from raven.metrics import AgentMetrics, set_cert_expiry
 from raven.mux import Session
 from raven.ops import start_ops_server
 from raven.reload import Reloader, effective
-from raven.tls import CertReloader
+from raven.tls import CertReloader, expiries
 from raven.transport import WebSocketSink, messages
 
 if TYPE_CHECKING:
@@ -76,7 +76,10 @@ class Agent:
             raise pki.PKIError(f"pool {cfg.pool!r} is not in certificate {cfg.tls.cert} (it allows: {allowed})")
         else:
             self.pool = cfg.pool
-        self.reloader = CertReloader(cfg.tls, server=False)
+        self.reloader = CertReloader(
+            cfg.tls, server=False,
+            on_loaded=lambda tls: set_cert_expiry(self.metrics.cert_expiry, expiries(tls, "agent")),
+        )
         self.sessions: set[Session] = set()
         self.replica_sessions: dict[str, Session] = {}
         self.replicas_expected = 1

@@ -29,10 +29,10 @@ from raven.listener import (
     guard_middleware,
     guarded_handler,
 )
-from raven.metrics import GatewayMetrics
+from raven.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops import start_ops_server
 from raven.reload import Reloader, effective
-from raven.tls import CertReloader
+from raven.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
     from raven.kube import KubeNode, LeaseElector
@@ -81,7 +81,10 @@ class Gateway:
             log.warning("certificate %s does not list serverAuth: agents accept it only if it has no extended key "
                         "usage at all ('raven certs issue gateway' makes one that says so)", cfg.tls.cert)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
-        self.reloader = CertReloader(cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed)
+        self.reloader = CertReloader(
+            cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed,
+            on_loaded=lambda tls: set_cert_expiry(self.metrics.cert_expiry, expiries(tls, "gateway")),
+        )
         front = cfg.front
         self.fd_budget = descriptor_budget(front.fd_reserve)
         self.front_guard = ConnectionGuard(

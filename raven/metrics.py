@@ -4,6 +4,20 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+CERT_EXPIRY_HELP = "notAfter of this service's certificate (role gateway/agent) and of each trusted CA, Unix seconds"
+
+
+def cert_expiry_gauge(registry: CollectorRegistry) -> Gauge:
+    return Gauge("raven_certificate_expiry_timestamp_seconds", CERT_EXPIRY_HELP, ["role", "subject"],
+                 registry=registry)
+
+
+def set_cert_expiry(gauge: Gauge, entries: list[tuple[str, str, float]]) -> None:
+    """Replace the gauge's series with these (role, subject, notAfter): a rotated-away certificate leaves."""
+    gauge.clear()
+    for role, subject, not_after in entries:
+        gauge.labels(role, subject).set(not_after)
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -33,6 +47,7 @@ class GatewayMetrics:
         self.handshake_failures = Counter(
             "raven_gateway_handshake_failures", "Tunnel handshakes that failed", ["reason"], registry=r
         )
+        self.cert_expiry = cert_expiry_gauge(r)
         self.front_refused = Counter(
             "raven_gateway_front_refused",
             "Front-end requests and connections refused by a limit or a check, by reason (a fixed word)",
@@ -59,3 +74,4 @@ class AgentMetrics:
             "raven_agent_bytes", "Body bytes forwarded, by direction (to_node, from_node)", ["direction"], registry=r
         )
         self.refused = Counter("raven_agent_refused_streams", "Streams refused by the agent", ["reason"], registry=r)
+        self.cert_expiry = cert_expiry_gauge(r)

@@ -14,6 +14,9 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
 from raven.aio import cancel_and_wait
 from raven.config import TLSConfig
 
@@ -99,8 +102,10 @@ class CertReloader:
     handshake to the current context. Established sessions are not touched.
     """
 
-    def __init__(self, cfg: TLSConfig, server: bool, on_handshake_error: HandshakeErrorHook | None = None) -> None:
+    def __init__(self, cfg: TLSConfig, server: bool, on_handshake_error: HandshakeErrorHook | None = None,
+                 on_loaded: Callable[[TLSConfig], None] | None = None) -> None:
         self.cfg = cfg
+        self.on_loaded = on_loaded  # told after every (re)load, e.g. to export the certificates' expiry
         self.server = server
         self._build = server_context if server else client_context
         self.paths = (cfg.cert, cfg.key, cfg.ca)
@@ -113,6 +118,8 @@ class CertReloader:
             if on_handshake_error is not None:
                 self.listener.sslobject_class = reporting_sslobject(on_handshake_error)
         self._task: asyncio.Task[None] | None = None
+        if on_loaded is not None:
+            on_loaded(cfg)
 
     def _select(self, ssl_obj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
         ssl_obj.context = self.current
@@ -130,6 +137,8 @@ class CertReloader:
         self.current = fresh
         self._stamp = stamp
         log.info("reloaded rotated certificate %s and CA bundle %s for new connections", self.cfg.cert, self.cfg.ca)
+        if self.on_loaded is not None:
+            self.on_loaded(self.cfg)
         return True
 
     async def _run(self) -> None:
@@ -143,3 +152,18 @@ class CertReloader:
     async def stop(self) -> None:
         await cancel_and_wait([self._task])
         self._task = None
+
+
+def expiries(cfg: TLSConfig, role: str) -> list[tuple[str, str, float]]:
+    """(role, subject common name, notAfter in Unix seconds) of the certificate and of every CA in the bundle."""
+    out: list[tuple[str, str, float]] = []
+    for path, what in ((cfg.cert, role), (cfg.ca, "ca")):
+        try:
+            certs = x509.load_pem_x509_certificates(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        for cert in certs[:1] if what == role else certs:
+            names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+            subject = str(names[0].value) if names else cert.subject.rfc4514_string()
+            out.append((what, subject[:128], cert.not_valid_after_utc.timestamp()))
+    return out

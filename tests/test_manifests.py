@@ -35,10 +35,11 @@ K8S_VERSION = "1.30"
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
-GATEWAY_OVERLAYS = ("base", "overlays/production")
+GATEWAY_OVERLAYS = ("base", "overlays/production", "overlays/deployment")
 AGENT_OVERLAYS = ("pool-a", "pool-b")
 POD_NAME = "raven-gateway-5d8c7b9f4-x2x7q"
 NAMESPACE = "kube-system"
+WORKLOADS = ("Deployment", "DaemonSet")
 
 
 # ---------------------------------------------------------------- discovery
@@ -149,7 +150,8 @@ def validate(doc: dict[str, Any]) -> None:
 
 def test_manifests_found() -> None:
     kinds = {doc["kind"] for _, _, doc in OBJECTS}
-    assert {"Deployment", "Service", "ClusterRole", "Role", "PodDisruptionBudget", "Certificate", "Issuer"} <= kinds
+    assert {"DaemonSet", "Deployment", "Service", "ClusterRole", "Role", "PodDisruptionBudget", "Certificate",
+            "Issuer", "NetworkPolicy"} <= kinds
     assert {p.relative_to(ROOT).as_posix() for p in PATCHES} >= {
         "deploy/coredns/coredns-patch.yaml",
         "deploy/overlays/production/gateway-patch.yaml",
@@ -256,8 +258,9 @@ def embedded_config(configmap: dict[str, Any], key: str, tmp_path: Path) -> tupl
 
 
 def mounted_configmap(deployment: dict[str, Any], docs: tuple[dict[str, Any], ...], config_path: str) -> Any:
-    """The ConfigMap (and key) mounted at ``config_path`` in the Deployment's container."""
-    mount = next(m for m in container(deployment)["volumeMounts"] if m["mountPath"] == config_path)
+    """The ConfigMap (and key) mounted at ``config_path`` (the file, or its folder) in the workload's container."""
+    mount = next(m for m in container(deployment)["volumeMounts"]
+                 if m["mountPath"] == config_path or config_path.startswith(m["mountPath"] + "/"))
     volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     name = volume["configMap"]["name"]
     configmap = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
@@ -304,10 +307,10 @@ def probe_port(deployment: dict[str, Any], probe: str) -> int:
 
 def test_raw_configs_load(tls: dict[str, list[str]]) -> None:
     """Without kubectl: the config files of the bases load with the bases' environment (and a pool)."""
-    deployment = next(d for d in _load_all(DEPLOY / "base/deployment.yaml") if d["kind"] == "Deployment")
+    deployment = next(d for d in _load_all(DEPLOY / "base/daemonset.yaml") if d["kind"] == "DaemonSet")
     cfg = build(GatewayConfig, DEPLOY / "base/config/gateway.yaml", tls["gateway"], environ=pod_env(deployment))
     assert cfg.replica_id == POD_NAME
-    assert cfg.replicas == deployment["spec"]["replicas"]
+    assert cfg.replicas == 1  # a DaemonSet's agents find every pod through the headless Service
     assert cfg.kubernetes.enabled
     agent = build(AgentConfig, DEPLOY / "agent/base/config/agent.yaml", [*tls["agent"], "pool=pool-a"], environ={})
     assert agent.kubernetes.enabled and agent.pool == "pool-a"
@@ -317,7 +320,10 @@ def test_raw_configs_load(tls: dict[str, list[str]]) -> None:
 @pytest.mark.parametrize("overlay", GATEWAY_OVERLAYS)
 def test_gateway_config(overlay: str, tls: dict[str, list[str]], tmp_path: Path) -> None:
     docs = render(DEPLOY / overlay)
-    deployment = find(docs, "Deployment", "raven-gateway")
+    kinds = [d["kind"] for d in docs if d["metadata"]["name"] == "raven-gateway" and d["kind"] in WORKLOADS]
+    # The default shape is a DaemonSet (one gateway per cloud node); the deployment overlay swaps in a Deployment.
+    assert kinds == (["Deployment"] if overlay == "overlays/deployment" else ["DaemonSet"])
+    deployment = find(docs, kinds[0], "raven-gateway")
     check_hardening(deployment)
     configmap, key = mounted_configmap(deployment, docs, check_args(deployment, "gateway"))
     path, tree = embedded_config(configmap, key, tmp_path)
@@ -326,9 +332,15 @@ def test_gateway_config(overlay: str, tls: dict[str, list[str]], tmp_path: Path)
 
     spec = deployment["spec"]["template"]["spec"]
     assert cfg.replica_id == POD_NAME
-    assert cfg.replicas == deployment["spec"]["replicas"], "RAVEN_REPLICAS must equal the Deployment's replicas"
+    if kinds == ["Deployment"]:
+        assert cfg.replicas == deployment["spec"]["replicas"], "RAVEN_REPLICAS must equal the Deployment's replicas"
+        assert spec["affinity"]["podAntiAffinity"]
+    else:
+        assert deployment["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    edge = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "openyurt.io/is-edge-worker", "operator": "NotIn", "values": ["true"]} in edge[0][
+        "matchExpressions"], "never on an edge worker"
     assert spec["terminationGracePeriodSeconds"] > cfg.drain_linger + cfg.drain_grace
-    assert spec["affinity"]["podAntiAffinity"]
     assert cfg.kubernetes.enabled and cfg.kubernetes.kubeconfig is None
     assert cfg.hosts.configmap is not None
     assert (cfg.hosts.configmap.namespace, cfg.hosts.configmap.name, cfg.hosts.configmap.key) == (
@@ -366,11 +378,10 @@ def test_gateway_config(overlay: str, tls: dict[str, list[str]], tmp_path: Path)
         assert s["spec"]["selector"].items() <= labels.items()
 
     # DNS answers with service_addresses: it must be the front Service's ClusterIP (empty in the base).
-    if overlay == "base":
+    if overlay in ("base", "overlays/deployment"):
         assert cfg.hosts.service_addresses == []
     else:
         assert cfg.hosts.service_addresses == [svc["spec"]["clusterIP"]]
-        assert cfg.replicas >= 3
 
 
 @needs_kubectl
@@ -624,7 +635,7 @@ def test_dockerfile() -> None:
 
 def test_validation_is_strict() -> None:
     """The checks above would catch a mistake: an unknown field and a wrong type both fail."""
-    doc = next(d for d in _load_all(DEPLOY / "base/deployment.yaml") if d["kind"] == "Deployment")
+    doc = next(d for d in _load_all(DEPLOY / "base/daemonset.yaml") if d["kind"] == "DaemonSet")
     validate(doc)
     typo = yaml.safe_load(yaml.safe_dump(doc))
     typo["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
@@ -651,7 +662,7 @@ def test_network_policy_limits_front_and_ops_to_monitoring() -> None:
         assert front["namespaceSelector"] and front["podSelector"]
         (ops,) = by_port[10265]["from"]
         assert ops["namespaceSelector"] and "podSelector" not in ops
-        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        deployment = next(d for d in docs if d["kind"] in WORKLOADS)
         configmap, key = mounted_configmap(deployment, docs, check_args(deployment, "gateway"))
         tree = yaml.safe_load(configmap["data"][key])
         (token_file,) = tree["front"]["auth"]["token_files"]
