@@ -490,14 +490,22 @@ def build(
 ) -> Any:
     """Load a config: file, then ``RAVEN_*`` environment, then ``field.path=value`` overrides."""
     tree = load_tree(path)
-    # Relative TLS paths in a file are relative to the file's folder; in flags, to the cwd.
+    # Relative file paths in a file (TLS, front-end TLS and token files) are relative to the file's folder;
+    # in flags, to the cwd.
     root = base_dir or (path.parent if path is not None else None)
-    tls = tree.get("tls")
-    if root is not None and isinstance(tls, dict):
-        for name in ("cert", "key", "ca"):
-            value = tls.get(name)
-            if isinstance(value, str) and not os.path.isabs(value):
-                tls[name] = str(root / value)
+    if root is not None:
+        front = tree.get("front")
+        front = front if isinstance(front, dict) else {}
+        for section in (tree.get("tls"), front.get("tls")):
+            if isinstance(section, dict):
+                for name in ("cert", "key", "ca"):
+                    value = section.get(name)
+                    if isinstance(value, str) and not os.path.isabs(value):
+                        section[name] = str(root / value)
+        auth = front.get("auth")
+        if isinstance(auth, dict) and isinstance(auth.get("token_files"), list):
+            auth["token_files"] = [str(root / f) if isinstance(f, str) and not os.path.isabs(f) else f
+                                   for f in auth["token_files"]]
     env = os.environ if environ is None else environ
     from_env: list[str] = []
     for key, value in sorted(env.items()):

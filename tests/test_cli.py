@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from agent.service import Agent
 from raven import pki
@@ -134,6 +136,30 @@ def test_example_configs_are_valid(name: str, model: type[GatewayConfig] | type[
     overrides = [f"tls.cert={certs / cert}.pem", f"tls.key={certs / cert}-key.pem", f"tls.ca={certs / 'ca.pem'}"]
     cfg = build(model, path, overrides, environ={})
     assert cfg.log_level == "info"
+
+
+def _setting_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        out.append(prefix + name)
+        for t in (*getattr(field.annotation, "__args__", ()), field.annotation):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                out += _setting_paths(t, f"{prefix}{name}.")
+    return out
+
+
+@pytest.mark.parametrize(("name", "model"), [("gateway", GatewayConfig), ("agent", AgentConfig)])
+def test_example_configs_show_every_setting(name: str, model: type[BaseModel]) -> None:
+    """deploy/examples/ cannot drift from the configuration model: every setting is there, set or commented,
+    and nothing there is not a setting (a renamed field fails here)."""
+    text = (Path(__file__).parent.parent / "deploy" / "examples" / f"{name}.yaml").read_text()
+    keys = set(re.findall(r"^\s*#?\s*-?\s*([a-z_]+):", text, re.MULTILINE))
+    settings = _setting_paths(model)
+    missing = [p for p in settings if p.split(".")[-1] not in keys]
+    assert not missing, f"deploy/examples/{name}.yaml does not show {missing}"
+    leaves = {p.split(".")[-1] for p in settings}
+    unknown = {k for k in re.findall(r"^\s*-?\s*([a-z_]+):", text, re.MULTILINE)} - leaves
+    assert not unknown, f"deploy/examples/{name}.yaml has keys that are no setting: {sorted(unknown)}"
 
 
 def test_tool_commands_tell_a_dead_server_from_a_wrong_command_line() -> None:
