@@ -24,7 +24,7 @@ from raven.config import AgentConfig
 from raven.metrics import AgentMetrics, set_cert_expiry
 from raven.mux import Session
 from raven.ops import start_ops_server
-from raven.reload import Reloader, effective
+from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
 from raven.transport import WebSocketSink, messages
 
@@ -111,13 +111,10 @@ class Agent:
     def apply_config(self, new: AgentConfig) -> None:
         """Take over a reloaded configuration without dropping a session: the node list (re-registered),
         allowlists, timeouts and upstream limits; the rest waits for a restart (and a warning says so)."""
-        cfg, changed, held = effective(self.cfg, new, AGENT_RESTART_ONLY)
-        if held:
-            log.warning("configuration reload: %s changed, which takes effect only after a restart",
-                        ", ".join(held))
-        if not changed:
-            log.info("configuration reload: nothing else changed")
+        taken = take_over(self.cfg, new, AGENT_RESTART_ONLY, log)
+        if taken is None:
             return
+        cfg, changed = taken
         self.cfg = cfg
         self.forwarder.configure(
             Policy(frozenset(cfg.allowed_ports), frozenset(cfg.allowed_methods), cfg.allow_connect,

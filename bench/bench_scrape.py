@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import os
 import re
 import secrets
 import shutil
@@ -46,6 +47,7 @@ class Result:
     p99_ms: float
     requests: int
     errors: str
+    cpu_ms: float = float("nan")  # gateway + agent CPU per request (tunnel runs)
 
 
 def _ms(text: str) -> float:
@@ -67,6 +69,12 @@ def parse_wrk(mode: str, concurrency: int, out: str) -> Result:
     if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
         errors.append(f"non-2xx {m.group(1)}")
     return Result(mode, concurrency, rps, p50, p99, total, "; ".join(errors) or "none")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def run_wrk(url: str, concurrency: int, duration: int, script: Path | None) -> str:
@@ -138,8 +146,13 @@ async def main(args: argparse.Namespace) -> int:
                     p = await profile(pid, max(1, args.duration - 1), workdir / f"{name}-c{c}.txt")
                     if p is not None:
                         prof_tasks.append((name, p, workdir / f"{name}-c{c}.txt"))
+            assert cluster.gateway is not None
+            pids = [cluster.gateway.process.pid, *(a.process.pid for a in cluster.agents.values())]
+            cpu_before = sum(cpu_seconds(pid) for pid in pids)
             tunnel = await run_wrk(cluster.front_url + "/metrics", c, args.duration, script)
-            results.append(parse_wrk("tunnel", c, tunnel))
+            result = parse_wrk("tunnel", c, tunnel)
+            result.cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu_before) * 1000 / max(1, result.requests)
+            results.append(result)
             for name, p, path in prof_tasks:
                 await p.wait()
                 print(f"\nprofile of the {name} at concurrency {c} (self time, top functions):")
@@ -147,11 +160,12 @@ async def main(args: argparse.Namespace) -> int:
     finally:
         await cluster.close()
         await exporter.close()
-    print(f"\n{'mode':<7} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9}  errors")
+    print(f"\n{'mode':<7} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'cpu ms/req':>10}"
+          "  errors")
     for r in results:
         print(
             f"{r.mode:<7} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}"
-            f"  {r.errors}"
+            f" {r.cpu_ms:>10.3f}  {r.errors}"
         )
     print()
     for c in args.concurrency:

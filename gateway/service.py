@@ -31,7 +31,7 @@ from raven.listener import (
 )
 from raven.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops import start_ops_server
-from raven.reload import Reloader, effective
+from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
@@ -153,13 +153,10 @@ class Gateway:
 
         Raises ConfigError (nothing changed then) when a token file of the new configuration is unusable.
         """
-        cfg, changed, held = effective(self.cfg, new, RESTART_ONLY)
-        if held:
-            log.warning("configuration reload: %s changed, which takes effect only after a restart",
-                        ", ".join(held))
-        if not changed:
-            log.info("configuration reload: nothing else changed")
+        taken = take_over(self.cfg, new, RESTART_ONLY, log)
+        if taken is None:
             return
+        cfg, changed = taken
         front = cfg.front
         tokens = TokenSet(front.auth.token_files, front.auth.reload_interval) if front.auth.token_files else None
         self.cfg = cfg

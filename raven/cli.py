@@ -183,28 +183,37 @@ def _token_headers(path: Path | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def _gateway_nodes(url: str, token_file: Path | None = None) -> tuple[list[str], list[str]]:
-    """Names and service addresses from a running gateway's ops listener (/nodes)."""
+async def _ops_json(gateway: str, path: str, token_file: Path | None, timeout: float = 10.0) -> Any:
+    """GET a JSON document from a gateway's ops listener; every failure is a CommandFailed that says why."""
     import aiohttp
 
+    url = gateway.rstrip("/") + path
     headers = _token_headers(token_file)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            async with http.get(url.rstrip("/") + "/nodes", headers=headers) as resp:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+            async with http.get(url, headers=headers) as resp:
                 if resp.status == 401:
-                    raise CommandFailed(f"{url}/nodes needs the front end's bearer token: pass --token-file FILE"
-                                        if not headers else f"{url}/nodes did not accept the token in --token-file")
+                    raise CommandFailed(f"{url} needs the front end's bearer token: pass --token-file FILE"
+                                        if not headers else f"{url} did not accept the token in --token-file")
                 if resp.status != 200:
-                    raise CommandFailed(f"{url}/nodes answered HTTP {resp.status} (is it a Raven gateway's ops "
-                                        "listener?)")
-                data = await resp.json()
+                    raise CommandFailed(f"{url} answered HTTP {resp.status} (is it a Raven gateway's ops listener?)")
+                return await resp.json()
+    except aiohttp.ClientConnectorError as exc:
+        raise CommandFailed(f"cannot connect to {gateway}: {exc.os_error.strerror or exc.os_error}") from None
+    except TimeoutError:
+        raise CommandFailed(f"{url} did not answer within {timeout:g}s") from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise CommandFailed(f"cannot read {url} (is it a Raven gateway's ops listener?): "
+                            f"{type(exc).__name__}: {exc}") from None
+
+
+async def _gateway_nodes(url: str, token_file: Path | None = None) -> tuple[list[str], list[str]]:
+    """Names and service addresses from a running gateway's ops listener (/nodes)."""
+    data = await _ops_json(url, "/nodes", token_file)
+    try:
         names = [str(n["name"]) for n in data["nodes"]]
         addresses = [str(a) for a in data.get("service_addresses", [])]
-    except aiohttp.ClientConnectorError as exc:
-        raise CommandFailed(f"cannot connect to {url}: {exc.os_error.strerror or exc.os_error}") from None
-    except TimeoutError:
-        raise CommandFailed(f"{url}/nodes did not answer within 10s") from None
-    except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise CommandFailed(f"cannot read the node list from {url}/nodes (is it a Raven gateway's ops listener?): "
                             f"{type(exc).__name__}: {exc}") from None
     return names, addresses
@@ -241,34 +250,17 @@ def cmd_hosts_render(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    import aiohttp
-
     from gateway.status import render_text
 
-    url = args.gateway.rstrip("/") + "/status"
-    headers = _token_headers(args.token_file)
-
     async def main() -> int:
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as http:
-                async with http.get(url, headers=headers) as resp:
-                    if resp.status == 401:
-                        raise CommandFailed(f"{url} needs the front end's bearer token: pass --token-file FILE"
-                                            if not headers else f"{url} did not accept the token in --token-file")
-                    if resp.status != 200:
-                        raise CommandFailed(f"{url} answered HTTP {resp.status} (is it a Raven gateway's ops "
-                                            "listener?)")
-                    snap = await resp.json()
-        except aiohttp.ClientConnectorError as exc:
-            raise CommandFailed(f"cannot connect to {args.gateway}: {exc.os_error.strerror or exc.os_error}") from None
-        except TimeoutError:
-            raise CommandFailed(f"{url} did not answer within {args.timeout:g}s") from None
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise CommandFailed(f"cannot read {url} (is it a Raven gateway's ops listener?): {exc}") from None
+        snap = await _ops_json(args.gateway, "/status", args.token_file, args.timeout)
         if args.output == "json":
             print(json.dumps(snap, indent=2))
         else:
-            sys.stdout.write(render_text(snap))
+            try:
+                sys.stdout.write(render_text(snap))
+            except (KeyError, TypeError) as exc:
+                raise CommandFailed(f"{args.gateway}/status is not a Raven gateway's status: {exc!r}") from None
         return 0
 
     return asyncio.run(main())

@@ -265,11 +265,7 @@ def guard_middleware(guard: ConnectionGuard) -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        guard.request_started(request)
-        try:
-            return await handler(request)
-        finally:
-            guard.request_finished(request)
+        return await guarded_handler(guard, handler)(request)
 
     return middleware
 

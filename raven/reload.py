@@ -120,3 +120,14 @@ class Reloader(Generic[C]):
             if stamp is not None and stamp != self._stamp:
                 self._stamp = stamp
                 self.reload(f"{self.path} changed")
+
+
+def take_over(old: C, new: C, restart_only: Iterable[str], logger: logging.Logger) -> tuple[C, list[str]] | None:
+    """:func:`effective`, with the log lines a reload owes its operator; None when nothing can be taken over."""
+    cfg, changed, held = effective(old, new, restart_only)
+    if held:
+        logger.warning("configuration reload: %s changed, which takes effect only after a restart", ", ".join(held))
+    if not changed:
+        logger.info("configuration reload: nothing else changed")
+        return None
+    return cfg, changed
