@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,13 +59,16 @@ _IDLE, _HEAD, _BUSY = 0, 1, 2
 class _GuardedProtocol(asyncio.Protocol):
     """Wraps aiohttp's per-connection protocol: counts it, times its phases, passes everything else through."""
 
-    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_paused", "_phase", "_timer", "_transport")
+    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_paused", "_phase", "_preadmitted", "_timer",
+                 "_transport")
 
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None) -> None:
         self._guard = guard
         self._inner = inner
         self._transport: asyncio.Transport | None = None
-        self._client = "?"
+        # A client given here was counted at the TCP accept already (TLS: before its handshake).
+        self._preadmitted = client is not None
+        self._client = client or "?"
         self._phase = _HEAD
         self._timer: asyncio.TimerHandle | None = None
         self._admitted = False
@@ -76,13 +80,14 @@ class _GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self._transport = transport
-        peer = transport.get_extra_info("peername")
-        self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-        refusal = self._guard._admit(self._client)
-        if refusal is not None:
-            transport.write(_canned("503 Service Unavailable", refusal))
-            transport.close()
-            return
+        if not self._preadmitted:
+            peer = transport.get_extra_info("peername")
+            self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            refusal = self._guard._admit(self._client)
+            if refusal is not None:
+                transport.write(_canned("503 Service Unavailable", refusal))
+                transport.close()
+                return
         self._admitted = True
         self._guard._conns[transport] = self
         self._arm(self._guard.limits.head_timeout)  # a new connection owes a complete head
@@ -196,9 +201,11 @@ class ConnectionGuard:
     def client_connections(self, client: str) -> int:
         return self._per_client.get(client, 0)
 
-    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+    def wrap(
+        self, factory: Callable[[], asyncio.Protocol], client: str | None = None
+    ) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
-            return _GuardedProtocol(self, factory())
+            return _GuardedProtocol(self, factory(), client)
 
         return make
 
@@ -271,9 +278,14 @@ def guard_middleware(guard: ConnectionGuard) -> Any:
 
 
 class GuardedSite(BaseSite):
-    """A TCP site whose connections pass through ``guard`` (and, with TLS, whose handshakes have a deadline)."""
+    """A TCP site whose connections pass through ``guard`` (and, with TLS, whose handshakes have a deadline).
 
-    __slots__ = ("_guard", "_host", "_port", "_reuse_address")
+    With TLS the site accepts connections itself: a connection is counted against the caps from its TCP
+    accept, so that peers which never finish their handshake are bounded too, and is handed to the event
+    loop's TLS (``connect_accepted_socket``) only once admitted.
+    """
+
+    __slots__ = ("_accept", "_guard", "_handshakes", "_host", "_port", "_reuse_address", "_sock")
 
     def __init__(
         self,
@@ -289,6 +301,9 @@ class GuardedSite(BaseSite):
         self._host = host
         self._port = port
         self._guard = guard
+        self._sock: socket.socket | None = None
+        self._accept: asyncio.Task[None] | None = None
+        self._handshakes: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -300,12 +315,60 @@ class GuardedSite(BaseSite):
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        tls: dict[str, Any] = {}
-        if self._ssl_context is not None:
-            tls = {"ssl": self._ssl_context, "ssl_handshake_timeout": self._guard.limits.head_timeout}
-        self._server = await loop.create_server(
-            self._guard.wrap(server), self._host, self._port, backlog=self._backlog, reuse_address=True, **tls
-        )
+        if self._ssl_context is None:
+            self._server = await loop.create_server(
+                self._guard.wrap(server), self._host, self._port, backlog=self._backlog, reuse_address=True
+            )
+            return
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        self._sock = socket.create_server((self._host, self._port), family=family, backlog=self._backlog)
+        self._sock.setblocking(False)
+        self._accept = loop.create_task(self._accept_loop(self._sock, self._ssl_context), name=f"accept {self.name}")
+
+    async def _accept_loop(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        guard = self._guard
+        while True:
+            try:
+                conn, addr = await loop.sock_accept(sock)
+            except OSError as exc:  # out of descriptors (EMFILE), or a connection reset before the accept
+                guard._log.warning("accept", "accept", "%s: accept failed: %s", guard.name, exc)
+                await asyncio.sleep(0.05)
+                continue
+            client = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
+            if guard._admit(client) is not None:
+                conn.close()  # no TLS yet, nothing to say: the refusal is counted and logged
+                continue
+            task = loop.create_task(self._handshake(conn, client, context))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, client: str, context: ssl.SSLContext) -> None:
+        server = self._runner.server
+        assert server is not None
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                self._guard.wrap(server, client), conn, ssl=context,
+                ssl_handshake_timeout=self._guard.limits.head_timeout,
+            )
+        except BaseException as exc:
+            conn.close()
+            self._guard._release(client, None)  # its protocol never came up: the count is released here
+            if isinstance(exc, TimeoutError | ConnectionAbortedError):
+                self._guard._refused("head-timeout", client, f"no TLS handshake within "
+                                     f"{self._guard.limits.head_timeout:g}s")
+            if not isinstance(exc, Exception):
+                raise  # cancelled (the site stops)
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._accept, *self._handshakes) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        await super().stop()
 
 
 def descriptor_budget(reserve: int) -> int:

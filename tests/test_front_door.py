@@ -72,6 +72,7 @@ async def door(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Door]:
             },
             "limits": {"handshake_timeout": HEAD_TIMEOUT, "heartbeat_interval": 0.5, "heartbeat_timeout": 2.5},
             "ready_max_wait": 3,
+            "tunnel": {"max_connections_per_address": 20},
         },
         agent_settings={"allow_connect": True},
     )
@@ -347,6 +348,31 @@ async def test_tunnel_port_handshake_and_upgrade_have_deadlines(door: Door) -> N
     finally:
         await close_all([writer])
     await scrape(door)
+
+
+async def test_tunnel_connections_count_from_the_tcp_accept(door: Door) -> None:
+    """Peers that never start TLS are counted against the tunnel port's per-address cap (20 here): the 21st
+    is closed at once, and all are gone after the handshake deadline; the agent's session is untouched."""
+    conns = []
+    try:
+        for _ in range(25):
+            _, writer = await asyncio.open_connection("127.0.0.1", door.cluster.tunnel_port,
+                                                      local_addr=(ATTACKERS[4], 0))
+            conns.append(writer)
+        async def failures(reason: str, at_least: float) -> bool:
+            values = await metric_values(door.ops_port, "raven_gateway_handshake_failures_total")
+            return values.get((("reason", reason),), 0) >= at_least
+
+        before = (await metric_values(door.ops_port, "raven_gateway_handshake_failures_total")).get(
+            (("reason", "head-timeout"),), 0)
+        await eventually(lambda: failures("client-connections", 5), timeout=5, what="the per-address cap")
+        await scrape(door)
+        await eventually(lambda: failures("head-timeout", before + 20), timeout=HEAD_TIMEOUT + 5,
+                         what="handshakes that never came timed out")
+        assert sum((await metric_values(door.ops_port, "raven_gateway_sessions")).values()) == 1
+        await scrape(door)
+    finally:
+        await close_all(conns)
 
 
 async def test_a_restarted_replica_answers_503_not_404_until_settled(door: Door) -> None:
