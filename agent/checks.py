@@ -14,19 +14,15 @@ from dataclasses import dataclass
 from yarl import URL
 
 from raven import wire
+from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FRAMING, HOP_BY_HOP, RAVEN_PREFIX
 
 MAX_TARGET = 8192
 # Origin-form (RFC 9112 section 3.2.1): an absolute path and an optional query, printable ASCII without
 # spaces; no fragment, no backslash (some servers read it as '/').
 _ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%]*")
-# Headers the agent consumes or drops: Raven's own, and the ones that frame the message on the node
-# connection (aiohttp frames the body it sends itself; a gateway must not choose the framing).
-_DROP = frozenset({
-    "connection", "content-length", "keep-alive", "proxy-authorization", "proxy-connection", "te", "trailer",
-    "transfer-encoding", "upgrade",
-})
-DEADLINE_HEADER = "x-raven-timeout-ms"
-CLIENT_HEADER = "x-raven-client"
+# Headers from the gateway that never reach the node: hop-by-hop ones and the framing (the agent's HTTP client
+# frames the body it sends itself; a gateway must not choose the framing). Raven's own are consumed.
+_DROP = HOP_BY_HOP | FRAMING
 _CLIENT_KEY = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
@@ -99,6 +95,6 @@ def _split_headers(headers: wire.Headers, default_timeout: float) -> tuple[float
         elif low == CLIENT_HEADER:
             if _CLIENT_KEY.fullmatch(value):
                 client = value
-        elif not low.startswith("x-raven-") and low not in _DROP:
+        elif not low.startswith(RAVEN_PREFIX) and low not in _DROP:
             kept.append((name, value))
     return timeout, client, tuple(kept)

@@ -26,13 +26,9 @@ from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
 from raven.metrics import AgentMetrics
 from raven.mux import Stream, StreamReset
+from raven.protocol.headers import HOP_BY_HOP
 
 log = logging.getLogger("raven.agent.forwarder")
-
-HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
-)
-
 
 def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> wire.Headers:
     out = []

@@ -33,33 +33,13 @@ from raven.config import GatewayFront
 from raven.listener import ConnectionGuard
 from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
+from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED, HOP_BY_HOP, RAVEN_PREFIX
 
 log = logging.getLogger("raven.gateway.proxy")
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "expect",  # answered by the gateway itself (100 Continue) before it reads a request body
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-DEADLINE_HEADER = "x-raven-timeout-ms"
-CLIENT_HEADER = "X-Raven-Client"  # the agent's fairness key: a hash of the client address, never the address
+# A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
+REQUEST_HOP_BY_HOP = HOP_BY_HOP | {"expect"}
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
-# What a client says about where the request came from is not believed: dropped, and replaced by what
-# the gateway saw (X-Forwarded-For: the client's address, X-Forwarded-Proto).
-FORWARDED = frozenset(
-    {"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-port", "x-forwarded-proto", "x-real-ip"}
-)
-
 _DROP = FORWARDED | {"host"}
 _DROP_WITH_AUTH = _DROP | {"authorization"}
 
@@ -148,7 +128,7 @@ def filter_headers(pairs: Any, drop_extra: frozenset[str] = frozenset()) -> wire
     out = []
     for name, value in pairs:
         low = name.lower()
-        if low in HOP_BY_HOP or low in named or low in drop_extra or low.startswith("x-raven-"):
+        if low in REQUEST_HOP_BY_HOP or low in named or low in drop_extra or low.startswith(RAVEN_PREFIX):
             continue
         out.append((name, value))
     return tuple(out)

@@ -1,0 +1,27 @@
+"""The HTTP side of the tunnel contract, in one place: which headers never cross, which are Raven's own.
+
+Both ends use these sets: the gateway when it turns a client's request into an OPEN and a node's response
+into the client's answer, the agent when it turns an OPEN into the node's request (it checks again: it does
+not trust its gateway) and the node's answer into a HEAD.
+"""
+
+from __future__ import annotations
+
+# Hop-by-hop: they describe one connection, never the message (RFC 9110 section 7.6.1, plus the legacy
+# Keep-Alive and Proxy-Connection). Headers named by a Connection header are hop-by-hop too.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade",
+})
+# How a body is framed on one connection: each end frames what it sends itself.
+FRAMING = frozenset({"content-length", "transfer-encoding"})
+# What a client says about where a request came from is not believed: the gateway drops these and sets
+# X-Forwarded-For / X-Forwarded-Proto from what it saw.
+FORWARDED = frozenset({
+    "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-port", "x-forwarded-proto", "x-real-ip",
+})
+
+# Raven's own headers: a client's are dropped at the gateway; the agent consumes them and forwards none.
+RAVEN_PREFIX = "x-raven-"
+DEADLINE_HEADER = "x-raven-timeout-ms"  # gateway -> agent: milliseconds left for this request
+CLIENT_HEADER = "x-raven-client"  # gateway -> agent: the fairness key (a hash of the client address)
