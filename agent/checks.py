@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from yarl import URL
 
 from raven import wire
+from raven.errors import RavenError
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FRAMING, HOP_BY_HOP, RAVEN_PREFIX
 
 MAX_TARGET = 8192
@@ -26,7 +27,7 @@ _DROP = HOP_BY_HOP | FRAMING
 _CLIENT_KEY = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
-class Refused(Exception):
+class Refused(RavenError):
     """An OPEN the agent will not serve: ``label`` is a fixed word for metrics, ``reason`` goes to the gateway."""
 
     def __init__(self, label: str, reason: str, code: wire.ResetCode = wire.ResetCode.REFUSED) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 
+from raven.errors import RavenError
 
-class QueueFull(Exception):
+
+class QueueFull(RavenError):
     """Too many requests are already waiting for this node."""
 
 

@@ -21,6 +21,7 @@ from agent.forwarder import Forwarder
 from agent.targets import DialTarget, Resolution, resolve
 from raven import pki, wire
 from raven.config import AgentConfig
+from raven.errors import RavenError
 from raven.metrics import AgentMetrics, set_cert_expiry
 from raven.mux import Session
 from raven.ops import start_ops_server
@@ -34,11 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("raven.agent")
 
 
-class HandshakeRefused(Exception):
+class HandshakeRefused(RavenError):
     pass
 
 
-class DuplicateReplica(Exception):
+class DuplicateReplica(RavenError):
     """This connection reached a replica the agent already holds a session to."""
 
 
@@ -155,7 +156,8 @@ class Agent:
             session.send_control(register)
 
     async def watch_kubernetes(self) -> None:
-        from raven.kube import KubeError, NodeWatcher, api_client
+        from raven.errors import KubeError
+        from raven.kube import NodeWatcher, api_client
 
         k = self.cfg.kubernetes
         try:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raven.config import ConfigError
+from raven.errors import ConfigError
 
 log = logging.getLogger("raven.gateway.auth")
 

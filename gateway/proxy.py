@@ -30,6 +30,7 @@ from gateway.status import NodeResult
 from raven import wire
 from raven.aio import cancel_and_wait
 from raven.config import GatewayFront
+from raven.errors import RavenError
 from raven.listener import ConnectionGuard
 from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
@@ -96,7 +97,7 @@ def check_header_block(headers: wire.Headers, limits: wire.Limits) -> None:
         raise Refusal(431, f"request headers take {size} bytes, limit {limits.max_header_bytes}")
 
 
-class Refusal(Exception):
+class Refusal(RavenError):
     """An answer decided before any header was sent.
 
     ``label`` names the reason in ``raven_gateway_front_refused_total{reason}`` (a fixed word, never

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from raven import __version__, cli_certs
-from raven.config import AgentConfig, ConfigError, GatewayConfig, build
+from raven.config import AgentConfig, GatewayConfig, build
+from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.lograte import BoundedLines
 
 log = logging.getLogger("raven")
@@ -162,14 +163,6 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-class UsageError(Exception):
-    """The command line is wrong (exit 2)."""
-
-
-class CommandFailed(Exception):
-    """The command line is fine but the work failed, e.g. a server did not answer (exit 1)."""
-
-
 def _token_headers(path: Path | None) -> dict[str, str]:
     """The bearer token for a gateway's inventory endpoints, read from a file (never from the command line)."""
     if path is None:
@@ -267,7 +260,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dns_check(args: argparse.Namespace) -> int:
-    from raven.dnscheck import CheckError, check_all
+    from raven.dnscheck import check_all
+    from raven.errors import CheckError
 
     async def main() -> int:
         names, addresses = await _names_and_addresses(args)
@@ -406,27 +400,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except ConfigError as exc:
-        print(f"raven {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except UsageError as exc:
-        print(f"raven {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except CommandFailed as exc:
-        print(f"raven {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a clear line, not a traceback, for start-up failures
-        from raven.kube import KubeError
-        from raven.pki import PKIError
-        from raven.tls import TLSError
-
-        if isinstance(exc, PKIError | TLSError | KubeError | OSError):
-            print(f"raven {args.command}: error: {exc}", file=sys.stderr)
-            return 1
-        raise
-
+    except RavenError as exc:  # one line a user can act on, never a traceback
+        prefix = "" if isinstance(exc, ConfigError) else "error: "
+        print(f"raven {args.command}: {prefix}{exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # e.g. an address already in use, a file that cannot be read
+        print(f"raven {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,10 +21,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raven import wire
-
-
-class ConfigError(Exception):
-    """A configuration problem a user can fix; the message names the field."""
+from raven.errors import ConfigError
 
 
 def _host_port(value: str) -> str:

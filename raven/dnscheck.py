@@ -11,6 +11,8 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 
+from raven.errors import CheckError
+
 
 @dataclass(frozen=True)
 class Check:
@@ -23,10 +25,6 @@ class Check:
     @property
     def ok(self) -> bool:
         return not self.error and set(self.got) == set(self.expected)
-
-
-class CheckError(ValueError):
-    """Bad input to the check (a server or address that is not one)."""
 
 
 def parse_server(server: str) -> tuple[str, int]:

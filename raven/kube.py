@@ -27,16 +27,13 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 
+from raven.errors import KubeError
 from raven.hosts import CONFIGMAP_MAX_BYTES
 
 log = logging.getLogger("raven.kube")
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "raven"}
 MAX_BACKOFF = 30.0
-
-
-class KubeError(Exception):
-    """A Kubernetes operation failed; the message says what and where."""
 
 
 class KubeApiError(KubeError):

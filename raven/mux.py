@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from raven import wire
+from raven.errors import RavenError
 from raven.flow import RecvWindow, SendCredit
 from raven.lograte import RateLimitedLog
 
@@ -37,7 +38,7 @@ class MessageSink(Protocol):
     async def close(self) -> None: ...
 
 
-class StreamReset(Exception):
+class StreamReset(RavenError):
     """The stream was reset, by the peer or locally. ``code`` is a :class:`wire.ResetCode`."""
 
     def __init__(self, code: int, reason: str, *, remote: bool) -> None:
@@ -47,7 +48,7 @@ class StreamReset(Exception):
         self.remote = remote
 
 
-class SessionClosed(Exception):
+class SessionClosed(RavenError):
     pass
 
 

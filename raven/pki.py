@@ -33,6 +33,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from raven.errors import PKIError
+
 __all__ = [
     "AGENT_URI_PREFIX",
     "CA_CERT_FILE",
@@ -61,10 +63,6 @@ CLOCK_SKEW = dt.timedelta(minutes=5)
 
 _LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _MAX_DNS_NAME = 253
-
-
-class PKIError(Exception):
-    """A certificate operation failed; the message says what went wrong and how to fix it."""
 
 
 @dataclass(frozen=True)

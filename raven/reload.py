@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from raven.config import ConfigError
+from raven.errors import ConfigError
 
 log = logging.getLogger("raven.reload")
 

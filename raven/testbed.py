@@ -33,6 +33,7 @@ import yaml
 
 from raven import pki
 from raven.aio import stop_process
+from raven.errors import TestbedError
 
 TOPOLOGY = Path(__file__).resolve().parent.parent / "deploy" / "testbed" / "topology.sh"
 CLOUD_IP = "10.200.0.1"
@@ -67,10 +68,6 @@ SITES = [
     Site("b", 2, {"gpu-b-1": "10.201.2.11", "gpu-b-2": "10.201.2.12"}),
 ]
 NODE_EXPORTER_ON_EVERY_NODE = True  # as a DaemonSet would run it
-
-
-class TestbedError(Exception):
-    pass
 
 
 @dataclass

@@ -19,12 +19,9 @@ from cryptography.x509.oid import NameOID
 
 from raven.aio import cancel_and_wait
 from raven.config import TLSConfig
+from raven.errors import TLSError
 
 log = logging.getLogger("raven.tls")
-
-
-class TLSError(Exception):
-    pass
 
 
 def _load(ctx: ssl.SSLContext, cfg: TLSConfig) -> None:

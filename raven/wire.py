@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from raven.errors import RavenError
+
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 
@@ -102,7 +104,7 @@ class ResetCode(enum.IntEnum):
     SESSION_CLOSED = 11  # the session carrying the stream ended
 
 
-class ProtocolError(Exception):
+class ProtocolError(RavenError):
     """Malformed input. ``stream_id`` is 0 when the whole session must end."""
 
     def __init__(self, reason: str, stream_id: int = 0, code: ResetCode = ResetCode.PROTOCOL) -> None:

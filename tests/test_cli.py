@@ -14,7 +14,8 @@ from pydantic import BaseModel
 from agent.service import Agent
 from raven import pki
 from raven.cli import main
-from raven.config import AgentConfig, ConfigError, GatewayConfig, build
+from raven.config import AgentConfig, GatewayConfig, build
+from raven.errors import ConfigError
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

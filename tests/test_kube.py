@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from raven.kube import ConfigMapPublisher, KubeError, KubeNode, LeaseElector, NodeWatcher, api_client
+from raven.errors import KubeError
+from raven.kube import ConfigMapPublisher, KubeNode, LeaseElector, NodeWatcher, api_client
 from tests.fakekube import FakeKube
 from tests.polling import eventually
 
