@@ -4,178 +4,54 @@ Every failure that happens before the response head is answered with 4xx/5xx and
 that says which node and why (and the same line is logged). A failure after the head has
 been sent cannot change the status any more: the client connection is closed so that
 the response is visibly broken (short body or missing final chunk), never complete.
+
+Size: one request's life from opening a stream to its last byte (with the one retry); parsing is in
+request.py, the CONNECT relay in tcprelay.py. Further splitting waits for the sans-I/O core (issue 11).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import re
 import socket
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.auth import FrontAuth
 from gateway.registry import AgentSession, NodeEntry, Registry
+from gateway.request import (
+    RESET_STATUS,
+    STATUS_LABEL,
+    Refusal,
+    Target,
+    check_header_block,
+    client_key,
+    content_length,
+    filter_headers,
+    header_safe,
+    parse_target,
+)
 from gateway.status import NodeResult
+from gateway.tcprelay import relay_tcp
 from raven import wire
-from raven.aio import cancel_and_wait
 from raven.config import GatewayFront
-from raven.errors import RavenError
 from raven.listener import ConnectionGuard
 from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
-from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED, HOP_BY_HOP, RAVEN_PREFIX
+from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
 
 log = logging.getLogger("raven.gateway.proxy")
 
 # A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
-REQUEST_HOP_BY_HOP = HOP_BY_HOP | {"expect"}
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 _DROP = FORWARDED | {"host"}
 _DROP_WITH_AUTH = _DROP | {"authorization"}
-
-# The reason label of raven_gateway_front_refused_total for refusals raised without one.
-STATUS_LABEL: dict[int, str] = {
-    400: "bad-request", 403: "port", 404: "unknown-node", 405: "method", 408: "body-timeout",
-    431: "headers-too-large", 502: "upstream", 503: "unavailable", 504: "timeout",
-}
-
-# Status for a stream reset that arrives before anything reached the client
-# (before HEAD, or before the first body bytes).
-RESET_STATUS: dict[int, int] = {
-    wire.ResetCode.CONNECT_FAILED: 502,
-    wire.ResetCode.REFUSED: 502,
-    wire.ResetCode.UPSTREAM_BROKEN: 502,
-    wire.ResetCode.PROTOCOL: 502,
-    wire.ResetCode.INTERNAL: 502,
-    wire.ResetCode.FLOW_CONTROL: 502,
-    wire.ResetCode.TIMEOUT: 504,
-    wire.ResetCode.DRAINING: 503,
-    wire.ResetCode.LIMIT: 503,
-    wire.ResetCode.SESSION_CLOSED: 502,
-    wire.ResetCode.CANCEL: 502,
-}
-
-
-_UNSAFE = re.compile(r"[^\x20-\x7e]")
-
-
-def _header_safe(text: str) -> str:
-    return _UNSAFE.sub("?", text[:200])
-
-
-def _content_length(value: str | None) -> int | None:
-    """Strict: one run of ASCII digits, or None when absent. Raises Refusal(502) when malformed."""
-    if value is None:
-        return None
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
-        raise Refusal(502, f"the agent sent an invalid Content-Length {value[:40]!r}")
-    return int(value)
-
-
-def check_header_block(headers: wire.Headers, limits: wire.Limits) -> None:
-    """The headers must fit the wire format: ISO-8859-1 text and a bounded block (else 400/431)."""
-    size = 2
-    for name, value in headers:
-        try:
-            size += 4 + len(name.encode("latin-1")) + len(value.encode("latin-1"))
-        except UnicodeEncodeError:
-            raise Refusal(400, f"header {name[:60]!r} has characters outside ISO-8859-1") from None
-    if len(headers) > limits.max_headers:
-        raise Refusal(431, f"{len(headers)} request headers, limit {limits.max_headers}")
-    if size > limits.max_header_bytes:
-        raise Refusal(431, f"request headers take {size} bytes, limit {limits.max_header_bytes}")
-
-
-class Refusal(RavenError):
-    """An answer decided before any header was sent.
-
-    ``label`` names the reason in ``raven_gateway_front_refused_total{reason}`` (a fixed word, never
-    request text); ``headers`` go out with the answer (``Allow``, ``Retry-After``, ``WWW-Authenticate``).
-    """
-
-    def __init__(self, status: int, reason: str, label: str = "", headers: dict[str, str] | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.label = label
-        self.headers = headers or {}
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    node: str
-    port: int
-    path: str  # origin-form request target (path and query)
-    kind: wire.StreamKind
-
-
-def filter_headers(pairs: Any, drop_extra: frozenset[str] = frozenset()) -> wire.Headers:
-    """Drop hop-by-hop headers, those named by Connection, and Raven's own routing headers."""
-    named: set[str] = set()
-    for name, value in pairs:
-        if name.lower() == "connection":
-            named.update(t.strip().lower() for t in value.split(","))
-    out = []
-    for name, value in pairs:
-        low = name.lower()
-        if low in REQUEST_HOP_BY_HOP or low in named or low in drop_extra or low.startswith(RAVEN_PREFIX):
-            continue
-        out.append((name, value))
-    return tuple(out)
-
-
-def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
-    host, sep, port_text = authority.rpartition(":")
-    if not sep or "]" in port_text:
-        host, port_text = authority, ""
-    if not port_text:
-        if default_port is None:
-            raise Refusal(400, f"{authority!r} has no port")
-        port = default_port
-    elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536:
-        port = int(port_text)
-    else:
-        raise Refusal(400, f"bad port in {authority!r}")
-    node = host.lower().removesuffix(".")  # one trailing dot: the absolute form of the same name
-    if not wire.valid_node_name(node):
-        raise Refusal(400, f"{host!r} is not a valid node name")
-    return node, port
-
-
-def parse_target(request: web.BaseRequest) -> Target:
-    """Find the node and port: CONNECT authority, absolute URI, or Host header."""
-    raw = request.raw_path
-    if request.method == "CONNECT":
-        node, port = _split_authority(raw, None)
-        return Target(node, port, "", wire.StreamKind.TCP)
-    if raw.startswith(("http://", "https://")):
-        parts = urlsplit(raw)
-        if parts.scheme != "http":
-            raise Refusal(400, "https:// targets must be reached with CONNECT")
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        node, port = _split_authority(parts.netloc.rpartition("@")[2], 80)
-        return Target(node, port, path, wire.StreamKind.HTTP)
-    host = request.headers.get("Host")
-    if not host:
-        raise Refusal(400, "request has no Host header: cannot tell which node it is for")
-    if not raw.startswith("/"):
-        raise Refusal(400, f"unsupported request target {raw[:60]!r}")
-    node, port = _split_authority(host, 80)
-    return Target(node, port, raw, wire.StreamKind.HTTP)
-
 
 @dataclass(slots=True)
 class _BodyProgress:
@@ -197,11 +73,6 @@ class _RelayResponse(web.StreamResponse):
 
 class _ClientStalled(Exception):
     """The client read none of its response for write_stall_timeout."""
-
-
-def client_key(address: str) -> str:
-    """The fairness key sent to the agent: stable for one client address across replicas, not the address."""
-    return hashlib.blake2b(address.encode(), digest_size=8).hexdigest()
 
 
 class Proxy:
@@ -315,7 +186,7 @@ class Proxy:
         return web.Response(
             status=ref.status,
             text=f"raven: {ref.reason}\n",
-            headers={**ref.headers, "X-Raven-Error": _header_safe(ref.reason)},
+            headers={**ref.headers, "X-Raven-Error": header_safe(ref.reason)},
         )
 
     # ------------------------------------------------------------ opening a stream, with one retry
@@ -489,7 +360,7 @@ class Proxy:
                                f"sent status {head.status}, not a final HTTP status")
         resp = _RelayResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
-        length = _content_length(out_headers.get("Content-Length"))
+        length = content_length(out_headers.get("Content-Length"))
         resp.headers.extend(out_headers)
         resp.headers["X-Raven-Agent"] = chosen.agent
         no_body = request.method == "HEAD" or head.status in (204, 304)
@@ -618,7 +489,7 @@ class Proxy:
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
                                 chosen.agent.encode("ascii", "replace") + b"\r\n\r\n")
                 log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, chosen.agent, entry.pool)
-                sent, received = await _relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
+                sent, received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
                                                   self.cfg.write_stall_timeout)
                 self._finish(entry.pool, target.node, "tcp", "200")
                 self.metrics.bytes.labels(entry.pool, "to_edge").inc(sent)
@@ -638,95 +509,3 @@ class Proxy:
                 self.connect_tunnels.pop(client, None)
 
 
-class _TunnelFeeder:
-    """Takes over the client connection's bytes after CONNECT (aiohttp's payload parser hook)."""
-
-    HIGH = 256 * 1024
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.eof = False
-        self.paused = False
-        self.wake = asyncio.Event()
-
-    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
-        self.chunks.append(data)
-        self.size += len(data)
-        if self.size > self.HIGH and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-        self.wake.set()
-        return False, b""
-
-    def feed_eof(self) -> None:
-        self.eof = True
-        self.wake.set()
-
-    def take(self) -> list[bytes]:
-        out, self.chunks, self.size = self.chunks, [], 0
-        if self.paused:
-            self.paused = False
-            with contextlib.suppress(Exception):
-                self.transport.resume_reading()
-        self.wake.clear()
-        return out
-
-
-async def _relay_tcp(
-    request: web.BaseRequest, stream: Stream, idle: float, guard: ConnectionGuard, stall: float
-) -> tuple[int, int]:
-    transport = request.transport
-    assert transport is not None
-    loop = asyncio.get_running_loop()
-    feeder = _TunnelFeeder(transport)
-    request.protocol.set_parser(feeder)  # type: ignore[arg-type]
-    counts = [0, 0]
-    last = [loop.time()]  # activity in either direction keeps the tunnel alive
-
-    async def up() -> None:
-        while True:
-            await feeder.wake.wait()
-            for chunk in feeder.take():
-                await stream.write(chunk)
-                counts[0] += len(chunk)
-                last[0] = loop.time()
-            if feeder.eof and not feeder.chunks:
-                stream.end()
-                return
-
-    async def down() -> None:
-        while chunk := await stream.read():
-            transport.write(chunk)
-            counts[1] += len(chunk)
-            last[0] = loop.time()
-            try:
-                async with asyncio.timeout(stall):  # the transport paused writing: wait until the client reads
-                    await guard.drained(request)
-            except TimeoutError:
-                raise ConnectionResetError(f"the client read nothing for {stall:.0f}s") from None
-
-    async def watchdog() -> None:
-        while (quiet := loop.time() - last[0]) < idle:  # noqa: ASYNC110 (a timer, not a condition wait)
-            await asyncio.sleep(min(1.0, idle - quiet + 0.01))
-        log.info("CONNECT to %s:%d idle for %.0fs: closing", stream.open.node, stream.open.port, idle)
-
-    up_task = asyncio.ensure_future(up())
-    down_task = asyncio.ensure_future(down())
-    dog_task = asyncio.ensure_future(watchdog())
-    tasks = (up_task, down_task, dog_task)
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()  # re-raise what ended it
-        if up_task in done and down_task not in done:
-            # The client half-closed: let the node finish its answer (the watchdog still runs).
-            done, _ = await asyncio.wait((down_task, dog_task), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-    except (StreamReset, ConnectionError) as exc:
-        log.info("CONNECT relay to %s:%d ended: %s", stream.open.node, stream.open.port, exc)
-    finally:
-        await cancel_and_wait(tasks)
-    return counts[0], counts[1]

@@ -4,6 +4,9 @@ Precedence, lowest first: built-in defaults, the YAML file (``--config``), envir
 variables (``RAVEN_<FIELD>``, nested with ``__``: ``RAVEN_TLS__CERT=/etc/raven/tls.crt``),
 then ``--set field.path=value`` and the dedicated flags. An invalid file fails at start
 with one line per problem naming the field, e.g. ``tunnel.listen: expected HOST:PORT``.
+
+Size: the configuration model of both services and its loader, one field per setting with its
+description (deploy/examples/ is checked against it).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ A :class:`Session` sits on a message transport (one WebSocket) and carries many
 queued on the stream it belongs to, bounded by that stream's receive window, so one
 slow consumer cannot stall the others. All outgoing frames go through one writer task,
 which keeps frames in order and applies backpressure from the socket.
+
+Size: the session and its streams are one state machine interleaved with asyncio here; issue 11 replaces
+it by a sans-I/O core (raven/protocol/) under a thin asyncio layer, which splits it.
 """
 
 from __future__ import annotations

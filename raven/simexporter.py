@@ -14,6 +14,9 @@ request costs no rendering. Faults can be injected per node at run time with
 Run standalone::
 
     python -m raven.simexporter --node edge-gpu-1=127.0.0.2:9400 --node edge-gpu-2=127.0.0.3:9400
+
+Size: a self-contained simulated dcgm-exporter (series model, server, fault modes, CLI), a tool for the
+demo and the tests rather than product code.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ control frames; every other id names one stream. ``decode`` turns a message into
 frame object or raises :class:`ProtocolError`; ``encode`` does the reverse. Nothing here
 touches a socket, a clock or a task, so the codec is easy to test and fuzz.
 See ``docs/protocol.md`` for the full specification.
+
+Size: one frame type after another, encoder beside decoder so that they stay in step; it moves to
+raven/protocol/ as the codec (issue 11).
 """
 
 from __future__ import annotations
