@@ -9,7 +9,9 @@ first, then the fewest streams in flight.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ class AgentSession:
     draining: bool = False
     nodes: set[str] = field(default_factory=set)
     last_register: tuple[wire.NodeInfo, ...] = ()  # re-evaluated when Node objects change
+    pending_register: wire.Register | None = None  # held back by the rate limit; a newer one replaces it
+    register_timer: asyncio.TimerHandle | None = None  # applies the held one when the rate allows
 
     @property
     def key(self) -> tuple[str, str]:
@@ -59,6 +63,7 @@ class NodeEntry:
     listed_by: set[str] = field(default_factory=set)  # agents whose latest registration lists it
 
 
+_ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
 # Names an agent may never claim: they would shadow cluster or local names in the hosts file.
 RESERVED_NAMES = frozenset({"localhost", "kubernetes"})
 RESERVED_SUFFIXES = (".svc", ".local", ".localhost", ".internal.cluster", ".cluster.local")
@@ -255,6 +260,9 @@ class Registry:
     def _refusal(self, s: AgentSession, info: wire.NodeInfo) -> str | None:
         if not wire.valid_node_name(info.name):
             return "not a valid RFC 1123 node name"
+        if not _ADDRESS.fullmatch(info.address):
+            # Informational for the gateway, but stored and shown (/nodes): bounded like the agent's own config.
+            return "address is not an IP address or host name (at most 253 characters)"
         if info.name in RESERVED_NAMES or info.name.endswith(RESERVED_SUFFIXES):
             return "reserved name (cluster-internal or local names cannot be claimed)"
         if info.pool not in s.pools:

@@ -40,6 +40,13 @@ class Buckets:
             self._state.popitem(last=False)  # forgetting a key only gives it a fresh burst
         return ok
 
+    def wait(self, key: str, now: float | None = None) -> float:
+        """Seconds until ``key`` has a token again."""
+        now = time.monotonic() if now is None else now
+        tokens, at = self._state.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        return max(0.0, (1.0 - tokens) / self.rate)
+
 
 class TunnelEndpoint:
     def __init__(self, cfg: GatewayConfig, registry: Registry, metrics: GatewayMetrics) -> None:
@@ -205,30 +212,7 @@ class TunnelEndpoint:
         def on_control(frame: wire.ControlFrame) -> None:
             agent_session = holder[0]
             if isinstance(frame, wire.Register):
-                if not self.register_buckets.take(agent_session.agent):
-                    self.metrics.handshake_failures.labels("register-rate").inc()
-                    self._log.warning(agent_session.agent, "register-rate",
-                                      "agent %s registers too often: registration not applied (the previous list "
-                                      "stays in force)", agent_session.agent)
-                    why = (f"registration rate limit ({self.cfg.register_burst} at once, then "
-                           f"{self.cfg.register_rate:g} per second): not applied; the previous list stays in force")
-                    session.send_control(wire.Registered((), (("*", why),)))
-                    return
-                accepted, refused = self.registry.register(agent_session, frame.nodes)
-                if refused:
-                    claimed = {n.name: n.pool for n in frame.nodes}
-                    for name, reason in refused:
-                        pool = claimed.get(name, "")
-                        # Label values come only from the certificate: an agent cannot mint series.
-                        label = pool if pool in agent_session.pools else "other"
-                        self.metrics.refusals.labels(label, reason.split(" ")[0][:20]).inc()
-                log.info(
-                    "agent %s session %s registered %d nodes (%d refused)",
-                    agent_session.agent, agent_session.session_id[:8], len(accepted), len(refused),
-                )
-                for answer in wire.split_registered(accepted, refused):
-                    session.send_control(answer)
-                self._update_gauges()
+                self._on_register(agent_session, frame)
             elif isinstance(frame, wire.Drain):
                 agent_session.draining = True
                 log.info("agent %s session %s is draining: %s", agent_session.agent,
@@ -258,6 +242,7 @@ class TunnelEndpoint:
         old = self.registry.add_session(agent_session)
         if old is not None:
             log.info("agent %s reconnected with session %s: closing the older one", hello.agent, hello.session[:8])
+            self._cancel_pending(old)
             await old.session.close("replaced by a newer connection of the same session")
         for pool in pools:
             self.metrics.sessions.labels(pool).inc()
@@ -269,6 +254,7 @@ class TunnelEndpoint:
         try:
             await session.run(messages(ws))
         finally:
+            self._cancel_pending(agent_session)
             self.registry.remove_session(agent_session)
             if not self.registry.sessions:
                 self.empty_since = time.monotonic()
@@ -276,6 +262,66 @@ class TunnelEndpoint:
                 self.metrics.sessions.labels(pool).dec()
             self._update_gauges()
             log.info("agent %s session %s closed: %s", hello.agent, hello.session[:8], session.close_reason)
+
+    # ------------------------------------------------------------ registrations, rate-limited per identity
+
+    def _on_register(self, s: AgentSession, frame: wire.Register) -> None:
+        """Apply a REGISTER now, or, over the identity's rate, hold it until the rate allows.
+
+        Each REGISTER is the agent's complete list, so only the newest held one matters: an honest agent whose
+        Node list changes many times in a burst ends with its latest list applied, and a churning one costs one
+        registration per 1/register_rate seconds however fast it sends.
+        """
+        if s.pending_register is not None or not self.register_buckets.take(s.agent):
+            replaced = s.pending_register is not None
+            s.pending_register = frame
+            self.metrics.handshake_failures.labels("register-rate").inc()
+            wait = self.register_buckets.wait(s.agent)
+            self._log.info(s.agent, "register-rate", "agent %s registers too often (register_burst %d, then "
+                           "register_rate %g/s): its newest REGISTER is applied in %.1fs%s", s.agent,
+                           self.cfg.register_burst, self.cfg.register_rate, wait,
+                           " (it replaced a waiting one)" if replaced else "")
+            if s.register_timer is None:
+                s.register_timer = asyncio.get_running_loop().call_later(wait, self._apply_pending, s)
+            return
+        self._apply_register(s, frame)
+
+    def _apply_pending(self, s: AgentSession) -> None:
+        s.register_timer = None
+        frame = s.pending_register
+        if frame is None or s.session.closed:
+            s.pending_register = None
+            return
+        if not self.register_buckets.take(s.agent):  # another session of the identity took the token
+            s.register_timer = asyncio.get_running_loop().call_later(
+                self.register_buckets.wait(s.agent), self._apply_pending, s)
+            return
+        s.pending_register = None
+        self._apply_register(s, frame)
+
+    @staticmethod
+    def _cancel_pending(s: AgentSession) -> None:
+        if s.register_timer is not None:
+            s.register_timer.cancel()
+        s.register_timer = None
+        s.pending_register = None
+
+    def _apply_register(self, s: AgentSession, frame: wire.Register) -> None:
+        if s.session.closed:
+            return
+        accepted, refused = self.registry.register(s, frame.nodes)
+        if refused:
+            claimed = {n.name: n.pool for n in frame.nodes}
+            for name, reason in refused:
+                pool = claimed.get(name, "")
+                # Label values come only from the certificate: an agent cannot mint series.
+                label = pool if pool in s.pools else "other"
+                self.metrics.refusals.labels(label, reason.split(" ")[0][:20]).inc()
+        log.info("agent %s session %s registered %d nodes (%d refused)", s.agent, s.session_id[:8], len(accepted),
+                 len(refused))
+        for answer in wire.split_registered(accepted, refused):
+            s.session.send_control(answer)
+        self._update_gauges()
 
     def _update_gauges(self) -> None:
         counts: dict[str, int] = {}

@@ -555,14 +555,16 @@ def split_registered(
 
     Every agent accepts frames of 256 KiB at least (``max_frame`` has that floor), so the default budget
     fits any agent. Refusal reasons are cut to ``MAX_REFUSAL_REASON`` characters. The agent adds the
-    frames up (each carries part of the answer).
+    frames up (each carries part of the answer). Refused names are cut to 253 characters.
     """
     out: list[Registered] = []
     acc: list[str] = []
     ref: list[tuple[str, str]] = []
     size = 64  # the frame header and the JSON skeleton
     items: list[tuple[str, str | tuple[str, str]]] = [("a", name) for name in accepted]
-    items += [("r", (name, reason[:MAX_REFUSAL_REASON])) for name, reason in refused]
+    # A refused name is echoed cut to 253 characters (a valid name never is): a peer's 1 MiB name must not
+    # come back as a frame larger than any agent accepts.
+    items += [("r", (name[:253], reason[:MAX_REFUSAL_REASON])) for name, reason in refused]
     for kind, item in items:
         cost = len(json.dumps(item)) + 2
         if (acc or ref) and size + cost > budget:

@@ -244,3 +244,17 @@ def test_node_objects_arriving_late_reevaluate_and_evict_wrong_claims() -> None:
     entry = reg.lookup("gpu-a-1").entry
     assert entry is not None and entry.pool == "pool-a" and entry.sessions == [owner]
     assert reg.set_authority({"gpu-a-1": "pool-a"}) == []  # unchanged: nothing re-evaluated
+
+
+def test_an_address_that_is_not_an_ip_or_host_name_is_refused() -> None:
+    reg = Registry()
+    a = agent("a1", {"p"})
+    reg.add_session(a)
+    ok = [wire.NodeInfo("n1", "10.0.0.1", "p"), wire.NodeInfo("n2", "fe80::1%eth0", "p"),
+          wire.NodeInfo("n3", "gpu-3.edge.example", "p")]
+    bad = [wire.NodeInfo("n4", "x" * 254, "p"), wire.NodeInfo("n5", "", "p"), wire.NodeInfo("n6", "a b", "p"),
+           wire.NodeInfo("n7", "10.0.0.1\n", "p")]
+    accepted, refused = reg.register(a, ok + bad)
+    assert accepted == ["n1", "n2", "n3"]
+    assert [n for n, _ in refused] == ["n4", "n5", "n6", "n7"]
+    assert all(r.startswith("address is not an IP address or host name") for _, r in refused)
