@@ -64,6 +64,29 @@ class NodeEntry:
 
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
+# The label of raven_gateway_registration_refusals_total{reason} for each kind of refusal: a fixed word, found
+# by a phrase of the reason (the reason itself carries names a peer chose).
+REFUSAL_LABELS = (
+    ("listed twice", "duplicate"),
+    ("max_nodes_per_agent", "agent-node-cap"),
+    ("max_nodes_total", "node-cap"),
+    ("hosts file would exceed", "hosts-budget"),
+    ("not a valid RFC 1123", "invalid-name"),
+    ("address is not", "invalid-address"),
+    ("reserved name", "reserved-name"),
+    ("not in this agent's certificate", "pool-not-allowed"),
+    ("no edge Node object", "no-node-object"),
+    ("the Node object puts it", "node-object-pool"),
+    ("dotted names", "dotted-name"),
+    ("already registered by pool", "claimed-by-other-pool"),
+    ("is bound to pool", "bound-to-other-pool"),
+)
+
+
+def refusal_label(reason: str) -> str:
+    return next((label for phrase, label in REFUSAL_LABELS if phrase in reason), "other")
+
+
 # Names an agent may never claim: they would shadow cluster or local names in the hosts file.
 RESERVED_NAMES = frozenset({"localhost", "kubernetes"})
 RESERVED_SUFFIXES = (".svc", ".local", ".localhost", ".internal.cluster", ".cluster.local")

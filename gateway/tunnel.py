@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 from aiohttp import web
 
-from gateway.registry import AgentSession, Registry
+from gateway.registry import AgentSession, Registry, refusal_label
 from raven import pki, wire
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
@@ -316,7 +316,7 @@ class TunnelEndpoint:
                 pool = claimed.get(name, "")
                 # Label values come only from the certificate: an agent cannot mint series.
                 label = pool if pool in s.pools else "other"
-                self.metrics.refusals.labels(label, reason.split(" ")[0][:20]).inc()
+                self.metrics.refusals.labels(label, refusal_label(reason)).inc()
         log.info("agent %s session %s registered %d nodes (%d refused)", s.agent, s.session_id[:8], len(accepted),
                  len(refused))
         for answer in wire.split_registered(accepted, refused):

@@ -300,7 +300,7 @@ class GatewayConfig(_Model):
     register_rate: float = Field(
         1.0, gt=0, le=1000, allow_inf_nan=False,
         description="registrations per second one agent identity may send, after a burst of register_burst; "
-        "more are not applied (the previous list stays in force)",
+        "more are held (the newest replaces a held one) and applied when the rate allows",
     )
     register_burst: int = Field(10, ge=1, le=1 << 16)
     allowed_name_suffixes: list[str] = Field(

@@ -258,3 +258,16 @@ def test_an_address_that_is_not_an_ip_or_host_name_is_refused() -> None:
     assert accepted == ["n1", "n2", "n3"]
     assert [n for n, _ in refused] == ["n4", "n5", "n6", "n7"]
     assert all(r.startswith("address is not an IP address or host name") for _, r in refused)
+
+
+def test_every_refusal_has_a_fixed_label() -> None:
+    from gateway.registry import refusal_label
+
+    reg = Registry(max_nodes_per_agent=1, hosts_budget=10, hosts_cost=lambda n: 100)
+    a = agent("a1", {"p"})
+    reg.add_session(a)
+    infos = [node("edge-1", "p"), node("edge-1", "p"), node("Bad_Name!", "p"), node("x.local", "p"),
+             node("edge-2", "other"), wire.NodeInfo("edge-3", "not an address!", "p")]
+    _, refused = reg.register(a, infos)
+    labels = {refusal_label(reason) for _, reason in refused}
+    assert "other" not in labels, refused
