@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-MARKER = "<!-- guide: tests/test_guide.py runs the next block -->"
+from tests.support.paths import ROOT
+
+MARKER = "<!-- guide: tests/e2e/test_guide.py runs the next block -->"
 PORTS = [("127.0.0.1", p) for p in (10262, 10263, 10265, 10266, 9090)] + [("127.0.0.2", 9400)]
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,6 @@ import sys
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -20,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raven import simexporter
 from raven.simexporter import SimExporter, SimNode, default_nodes, gpu_util, render_metrics
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PLAIN = {"Accept-Encoding": "identity"}
 GPU_FAMILIES = (
     "DCGM_FI_DEV_GPU_UTIL",

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raven.launch import LocalCluster, PoolSpec, free_port
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import pick_node_port
-from tests.dnsmasq import Dnsmasq
-from tests.tcplb import TcpBalancer
+from tests.support.cluster import pick_node_port
+from tests.support.dnsmasq import Dnsmasq
+from tests.support.tcplb import TcpBalancer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

@@ -25,8 +25,8 @@ import yaml
 
 from raven import pki
 from raven.config import AgentConfig, GatewayConfig, build, split_host_port
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 CERT_MANIFESTS = ROOT / "certs" / "manifests"
 MANIFEST_ROOTS = (DEPLOY, CERT_MANIFESTS)
@@ -136,7 +136,7 @@ def validate(doc: dict[str, Any]) -> None:
         _check_cert_manager(doc)
         return
     if doc.get("apiVersion") == "monitoring.coreos.com/v1" and doc.get("kind") == "PrometheusRule":
-        _check_shape(doc)  # not in the Kubernetes schemas; tests/test_rules.py checks its rules with promtool
+        _check_shape(doc)  # not in the Kubernetes schemas; test_rules.py checks its rules with promtool
         return
     _check_shape(doc)
     try:

@@ -18,9 +18,9 @@ import pytest_asyncio
 
 from raven.launch import LocalCluster, PoolSpec
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import HOSTS, pick_node_port, start_echo
-from tests.polling import eventually
-from tests.test_integration import metric_values
+from tests.support.cluster import HOSTS, pick_node_port, start_echo
+from tests.support.metrics import metric_values
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

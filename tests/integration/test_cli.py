@@ -16,6 +16,7 @@ from raven import pki
 from raven.cli import main
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import ConfigError
+from tests.support.paths import ROOT
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -132,7 +133,7 @@ def test_check_prints_effective_config(certs: Path) -> None:
 
 @pytest.mark.parametrize(("name", "model"), [("gateway", GatewayConfig), ("agent", AgentConfig)])
 def test_example_configs_are_valid(name: str, model: type[GatewayConfig] | type[AgentConfig], certs: Path) -> None:
-    path = Path(__file__).parent.parent / "deploy" / "examples" / f"{name}.yaml"
+    path = ROOT / "deploy" / "examples" / f"{name}.yaml"
     cert = "gw" if name == "gateway" else "a1"
     overrides = [f"tls.cert={certs / cert}.pem", f"tls.key={certs / cert}-key.pem", f"tls.ca={certs / 'ca.pem'}"]
     cfg = build(model, path, overrides, environ={})
@@ -153,7 +154,7 @@ def _setting_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 def test_example_configs_show_every_setting(name: str, model: type[BaseModel]) -> None:
     """deploy/examples/ cannot drift from the configuration model: every setting is there, set or commented,
     and nothing there is not a setting (a renamed field fails here)."""
-    text = (Path(__file__).parent.parent / "deploy" / "examples" / f"{name}.yaml").read_text()
+    text = (ROOT / "deploy" / "examples" / f"{name}.yaml").read_text()
     keys = set(re.findall(r"^\s*#?\s*-?\s*([a-z_]+):", text, re.MULTILINE))
     settings = _setting_paths(model)
     missing = [p for p in settings if p.split(".")[-1] not in keys]

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules"
+from tests.support.paths import ROOT
+
+RULES = ROOT / "deploy" / "prometheus" / "rules"
 SOURCE = RULES / "raven.rules.yaml"
 OPERATOR = RULES / "raven.prometheusrule.yaml"
 UNIT_TESTS = sorted((RULES / "tests").glob("*.yaml"))

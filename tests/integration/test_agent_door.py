@@ -21,9 +21,9 @@ from raven.config import TLSConfig
 from raven.launch import LocalCluster, PoolSpec, Proc, free_port
 from raven.simexporter import SimExporter, SimNode
 from raven.tls import server_context
-from tests.conftest import HOSTS, pick_node_port
-from tests.polling import eventually
-from tests.test_integration import metric_values
+from tests.support.cluster import HOSTS, pick_node_port
+from tests.support.metrics import metric_values
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

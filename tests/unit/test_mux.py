@@ -9,7 +9,7 @@ import pytest
 from raven import wire
 from raven.flow import RecvWindow, SendCredit
 from raven.mux import Session, Stream, StreamReset
-from tests.memsession import http_open, pair
+from tests.support.memsession import http_open, pair
 
 
 def test_flow_accounting() -> None:

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from raven.testbed import GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
-from tests.polling import eventually
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

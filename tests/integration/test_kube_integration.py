@@ -12,9 +12,9 @@ import pytest_asyncio
 
 from raven.launch import LocalCluster, PoolSpec
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import pick_node_port
-from tests.fakekube import FakeKube
-from tests.polling import eventually
+from tests.support.cluster import pick_node_port
+from tests.support.fakekube import FakeKube
+from tests.support.polling import eventually
 
 poll = functools.partial(eventually, timeout=20, interval=0.2)
 

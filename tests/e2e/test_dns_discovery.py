@@ -19,9 +19,9 @@ import pytest_asyncio
 
 from raven.launch import LocalCluster, PoolSpec, free_port
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import pick_node_port
-from tests.dnsmasq import Dnsmasq
-from tests.polling import eventually
+from tests.support.cluster import pick_node_port
+from tests.support.dnsmasq import Dnsmasq
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

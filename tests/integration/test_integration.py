@@ -13,13 +13,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from raven import pki, wire
 from raven.config import TLSConfig
 from raven.tls import client_context, server_context
-from tests.conftest import Bed
-from tests.polling import eventually
+from tests.support.cluster import Bed
+from tests.support.metrics import metric_values
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -40,15 +40,7 @@ async def fetch(
             return resp.status, dict(resp.headers), await resp.read()
 
 
-async def metric_values(port: int, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
-        text = await resp.text()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                out[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
+
 
 
 

@@ -36,10 +36,10 @@ import yaml
 
 from raven.launch import LocalCluster, PoolSpec, free_port
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import pick_node_port
-from tests.polling import eventually
+from tests.support.cluster import pick_node_port
+from tests.support.paths import ROOT
+from tests.support.polling import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
 ADAPTER_VALUES = ROOT / "deploy" / "prometheus-adapter" / "values.yaml"

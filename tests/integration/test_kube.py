@@ -15,8 +15,8 @@ import pytest
 
 from raven.errors import KubeError
 from raven.kube import ConfigMapPublisher, KubeNode, LeaseElector, NodeWatcher, api_client
-from tests.fakekube import FakeKube
-from tests.polling import eventually
+from tests.support.fakekube import FakeKube
+from tests.support.polling import eventually
 
 poll = functools.partial(eventually, timeout=3, interval=0.01)
 

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from raven.launch import LocalCluster, PoolSpec
 from raven.simexporter import SimExporter, SimNode
-from tests.conftest import HOSTS, pick_node_port
+from tests.support.cluster import HOSTS, pick_node_port
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
