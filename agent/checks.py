@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from raven import wire
 from raven.errors import RavenError
+from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FRAMING, HOP_BY_HOP, RAVEN_PREFIX
 
 MAX_TARGET = 8192

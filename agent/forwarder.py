@@ -21,11 +21,11 @@ import aiohttp
 
 from agent.checks import Policy, Refused, Request, check_open
 from agent.fairslots import FairSlots, QueueFull
-from raven import wire
 from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
 from raven.metrics import AgentMetrics
 from raven.mux import Stream, StreamReset
+from raven.protocol import wire
 from raven.protocol.headers import HOP_BY_HOP
 
 log = logging.getLogger("raven.agent.forwarder")

@@ -19,12 +19,13 @@ import aiohttp
 from agent.checks import Policy
 from agent.forwarder import Forwarder
 from agent.targets import DialTarget, Resolution, resolve
-from raven import pki, wire
+from raven import pki
 from raven.config import AgentConfig
 from raven.errors import RavenError
 from raven.metrics import AgentMetrics, set_cert_expiry
 from raven.mux import Session
 from raven.ops import start_ops_server
+from raven.protocol import wire
 from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
 from raven.transport import WebSocketSink, messages

@@ -35,10 +35,11 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from raven import pki, wire
+from raven import pki
 from raven.config import TLSConfig
 from raven.launch import LocalCluster, Proc
 from raven.mux import Session, Stream
+from raven.protocol import wire
 from raven.tls import client_context
 from raven.transport import WebSocketSink, messages
 

@@ -39,11 +39,11 @@ from gateway.request import (
 )
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
-from raven import wire
 from raven.config import GatewayFront
 from raven.listener import ConnectionGuard
 from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
+from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
 
 log = logging.getLogger("raven.gateway.proxy")

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from raven import wire
 from raven.errors import RavenError
+from raven.protocol import wire
 from raven.protocol.headers import HOP_BY_HOP, RAVEN_PREFIX
 
 # A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).

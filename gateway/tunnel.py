@@ -11,11 +11,12 @@ from collections import OrderedDict
 from aiohttp import web
 
 from gateway.registry import AgentSession, Registry, refusal_label
-from raven import pki, wire
+from raven import pki
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
 from raven.metrics import GatewayMetrics
 from raven.mux import Session, Stream
+from raven.protocol import wire
 from raven.transport import WebSocketSink, messages
 
 log = logging.getLogger("raven.gateway.tunnel")

@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from raven import wire
 from raven.errors import ConfigError
+from raven.protocol import wire
 
 
 def _host_port(value: str) -> str:

@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
-from raven import wire
 from raven.aio import cancel_and_wait
+from raven.protocol import wire
 
 log = logging.getLogger("raven.hosts")
 

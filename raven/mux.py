@@ -20,10 +20,10 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from raven import wire
 from raven.errors import RavenError
-from raven.flow import RecvWindow, SendCredit
 from raven.lograte import RateLimitedLog
+from raven.protocol import wire
+from raven.protocol.flow import RecvWindow, SendCredit
 
 log = logging.getLogger("raven.mux")
 # What a peer can trigger frame after frame (bad frames, frames for unknown streams) is logged at most once a

@@ -16,9 +16,9 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from raven import wire
 from raven.config import TLSConfig
 from raven.launch import LocalCluster, PoolSpec, Proc, free_port
+from raven.protocol import wire
 from raven.simexporter import SimExporter, SimNode
 from raven.tls import server_context
 from tests.support.cluster import HOSTS, pick_node_port

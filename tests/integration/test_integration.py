@@ -14,8 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from raven import pki, wire
+from raven import pki
 from raven.config import TLSConfig
+from raven.protocol import wire
 from raven.tls import client_context, server_context
 from tests.support.cluster import Bed
 from tests.support.metrics import metric_values

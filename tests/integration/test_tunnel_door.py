@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from raven import wire
 from raven.config import TLSConfig
 from raven.launch import LocalCluster, PoolSpec
+from raven.protocol import wire
 from raven.simexporter import SimExporter, SimNode
 from raven.tls import client_context
 from tests.support.cluster import HOSTS, pick_node_port

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from raven import wire
 from raven.mux import OpenHandler, Session
+from raven.protocol import wire
 
 
 class QueueSink:

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from raven import wire
-from raven.flow import RecvWindow, SendCredit
 from raven.mux import Session, Stream, StreamReset
+from raven.protocol import wire
+from raven.protocol.flow import RecvWindow, SendCredit
 from tests.support.memsession import http_open, pair
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.registry import AgentSession, Registry
-from raven import wire
+from raven.protocol import wire
 
 
 class FakeSession:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raven import wire
+from raven.protocol import wire
 
 token = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20)
 header_value = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=255), max_size=60)

@@ -8,7 +8,7 @@ as its consumer drains what it buffered. A receiver therefore never buffers more
 
 from __future__ import annotations
 
-from raven.wire import MAX_WINDOW_INCREMENT, ProtocolError, ResetCode
+from raven.protocol.wire import MAX_WINDOW_INCREMENT, ProtocolError, ResetCode
 
 
 class SendCredit:

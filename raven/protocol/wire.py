@@ -12,8 +12,7 @@ frame object or raises :class:`ProtocolError`; ``encode`` does the reverse. Noth
 touches a socket, a clock or a task, so the codec is easy to test and fuzz.
 See ``docs/protocol.md`` for the full specification.
 
-Size: one frame type after another, encoder beside decoder so that they stay in step; it moves to
-raven/protocol/ as the codec (issue 11).
+Size: one frame type after another, encoder beside decoder so that they stay in step.
 """
 
 from __future__ import annotations
