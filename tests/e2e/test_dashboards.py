@@ -21,6 +21,7 @@ import functools
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from raven.aio import stop_process
 from raven.launch import LocalCluster, PoolSpec, free_port
 from raven.simexporter import SimExporter, SimNode
 from tests.support.cluster import pick_node_port
@@ -232,15 +234,7 @@ async def start_prometheus(work: Path, config: dict[str, Any]) -> tuple[asyncio.
 
 
 async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    proc.terminate()
-    try:
-        async with asyncio.timeout(10):
-            await proc.wait()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+    await stop_process(proc, signal.SIGTERM, 10)
 
 
 NOT_YET = (OSError, aiohttp.ClientError, ValueError, KeyError, TimeoutError)

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from raven.aio import stop_process
 from raven.launch import LocalCluster, PoolSpec, free_port
 from raven.simexporter import SimExporter, SimNode
 from tests.support.cluster import pick_node_port
@@ -120,22 +122,16 @@ async def prometheus(dbed: DnsBed) -> AsyncIterator[str]:
     }
     (work / "prometheus.yml").write_text(json.dumps(config))
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=(work / "prometheus.log").open("wb"),
-    )
+    with (work / "prometheus.log").open("wb") as log:  # the child keeps its own descriptor
+        proc = await asyncio.create_subprocess_exec(
+            exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log,
+        )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            async with asyncio.timeout(10):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await stop_process(proc, signal.SIGTERM, 10)
 
 
 async def prom_query(url: str, query: str) -> list[dict[str, Any]]:
