@@ -24,9 +24,9 @@ from agent.fairslots import FairSlots, QueueFull
 from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
 from raven.metrics import AgentMetrics
-from raven.mux import Stream, StreamReset
 from raven.protocol import wire
 from raven.protocol.headers import HOP_BY_HOP
+from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.agent.forwarder")
 

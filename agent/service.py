@@ -23,21 +23,18 @@ from raven import pki
 from raven.config import AgentConfig
 from raven.errors import RavenError
 from raven.metrics import AgentMetrics, set_cert_expiry
-from raven.mux import Session
 from raven.ops import start_ops_server
-from raven.protocol import wire
+from raven.protocol import handshake, wire
+from raven.protocol.handshake import HandshakeRefused
 from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
-from raven.transport import WebSocketSink, messages
+from raven.transport.session import Session
+from raven.transport.websocket import WebSocketSink, messages
 
 if TYPE_CHECKING:
     from raven.kube import KubeNode
 
 log = logging.getLogger("raven.agent")
-
-
-class HandshakeRefused(RavenError):
-    pass
 
 
 class DuplicateReplica(RavenError):
@@ -195,28 +192,14 @@ class Agent:
                 autoping=True,
                 autoclose=True,
             )
+        hello = wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window, lim.max_streams_per_session)
         try:
             async with asyncio.timeout(lim.handshake_timeout):
-                await ws.send_bytes(
-                    wire.encode(
-                        wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window,
-                                   lim.max_streams_per_session)
-                    )
-                )
+                await ws.send_bytes(wire.encode(hello))
                 msg = await ws.receive()
             if msg.type != aiohttp.WSMsgType.BINARY:
                 raise HandshakeRefused(f"gateway closed the tunnel during the handshake ({msg.type.name})")
-            try:
-                welcome = wire.decode(msg.data, self.limits)
-            except wire.ProtocolError as err:
-                raise HandshakeRefused(f"bad WELCOME: {err.reason}") from None
-            if isinstance(welcome, wire.GoAway):
-                raise HandshakeRefused(f"gateway refused the session: {welcome.reason}")
-            if not isinstance(welcome, wire.Welcome):
-                raise HandshakeRefused(f"expected WELCOME, got {type(welcome).__name__}")
-            if welcome.version not in wire.SUPPORTED_VERSIONS:
-                speaks = list(wire.SUPPORTED_VERSIONS)
-                raise HandshakeRefused(f"gateway chose protocol version {welcome.version}; this agent speaks {speaks}")
+            welcome = handshake.read_welcome(msg.data, self.limits)
             if self.draining:
                 raise HandshakeRefused("agent is stopping: not starting a new session")
             if welcome.replica in self.replica_sessions:
@@ -231,14 +214,14 @@ class Agent:
                 self._links_changed.set()
             self._live_links.add(key)
             try:
-                await self._serve(ws, welcome, session_id)
+                await self._serve(ws, hello, welcome)
             finally:
                 self._live_links.discard(key)
             return True
         finally:
             await ws.close()
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, welcome: wire.Welcome, session_id: str) -> None:
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, welcome: wire.Welcome) -> None:
         registered = asyncio.Event()
 
         def on_control(frame: wire.ControlFrame) -> None:
@@ -256,19 +239,15 @@ class Agent:
                 # The gateway finishes its streams in flight, then closes; we redial after that.
                 log.info("gateway %s is draining: %s", welcome.replica, frame.reason)
 
-        session = Session(
+        session = Session.after_handshake(
             WebSocketSink(ws),
+            handshake.agent_side(hello, welcome),
             opener=False,
             name=f"gw:{welcome.replica}",
-            local_window=self.cfg.limits.window,
-            peer_window=welcome.window,
-            local_max_streams=self.cfg.limits.max_streams_per_session,
-            peer_max_streams=welcome.max_streams,
             limits=self.limits,
             on_open=self.forwarder.on_open,
             on_control=on_control,
         )
-        session.start(welcome.heartbeat_interval, welcome.heartbeat_timeout)
         if self._kube_synced.is_set() or not self.cfg.kubernetes.enabled:
             # With Kubernetes, the first REGISTER waits for the Node list (set_kube_nodes sends it):
             # a partial list would withdraw nodes the pool still has.
@@ -278,7 +257,7 @@ class Agent:
         self.metrics.sessions.set(len(self.sessions))
         log.info(
             "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
-            welcome.replica, welcome.replicas, session_id[:8], len(self._nodes), self.pool,
+            welcome.replica, welcome.replicas, hello.session[:8], len(self._nodes), self.pool,
         )
         try:
             await session.run(messages(ws))

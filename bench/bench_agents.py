@@ -38,10 +38,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from raven import pki
 from raven.config import TLSConfig
 from raven.launch import LocalCluster, Proc
-from raven.mux import Session, Stream
 from raven.protocol import wire
 from raven.tls import client_context
-from raven.transport import WebSocketSink, messages
+from raven.transport.session import Session, Stream
+from raven.transport.websocket import WebSocketSink, messages
 
 
 def agent_name(i: int) -> str:
@@ -72,7 +72,7 @@ async def sim_agent(i: int, url: str, certs: Path, per_agent: int, stop: asyncio
                 async with asyncio.timeout(30):
                     ws = await http.ws_connect(url, ssl=ctx, server_hostname="raven-gateway", compress=0)
                 try:
-                    await ws.send_bytes(wire.encode(wire.Hello(agent_name(i), uuid.uuid4().hex)))
+                    await ws.send_bytes(wire.encode(wire.Hello(agent_name(i), uuid.uuid4().hex, versions=(1,))))
                     async with asyncio.timeout(30):
                         welcome = wire.decode((await ws.receive()).data)
                     assert isinstance(welcome, wire.Welcome)

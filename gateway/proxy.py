@@ -42,9 +42,9 @@ from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
 from raven.listener import ConnectionGuard
 from raven.metrics import GatewayMetrics
-from raven.mux import Stream, StreamReset
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
+from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from raven.mux import Session
 from raven.protocol import wire
+from raven.transport.session import Session
 
 log = logging.getLogger("raven.gateway.registry")
 

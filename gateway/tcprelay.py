@@ -15,7 +15,7 @@ from aiohttp import web
 
 from raven.aio import cancel_and_wait
 from raven.listener import ConnectionGuard
-from raven.mux import Stream, StreamReset
+from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 

@@ -15,9 +15,9 @@ from raven import pki
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
 from raven.metrics import GatewayMetrics
-from raven.mux import Session, Stream
-from raven.protocol import wire
-from raven.transport import WebSocketSink, messages
+from raven.protocol import handshake, wire
+from raven.transport.session import Session, Stream
+from raven.transport.websocket import WebSocketSink, messages
 
 log = logging.getLogger("raven.gateway.tunnel")
 
@@ -143,12 +143,9 @@ class TunnelEndpoint:
             log.warning("agent %s (%s): bad first message: %s", ident.common_name, peer, exc)
             return None
         try:
-            hello = wire.decode(msg, self.limits)
-        except wire.ProtocolError as err:
-            await self._goaway(ws, f"bad HELLO: {err.reason}")
-            return None
-        if not isinstance(hello, wire.Hello):
-            await self._goaway(ws, "first frame must be HELLO")
+            hello = handshake.read_hello(msg, self.limits)
+        except handshake.HandshakeRefused as err:
+            await self._goaway(ws, err.reason)
             return None
         expected = ident.agent or ident.common_name
         if hello.agent != expected:
@@ -171,10 +168,10 @@ class TunnelEndpoint:
                                    f"once, then {cfg.session_rate:g} per second): back off",
                                label="session-rate", peer=expected)
             return None
-        if wire.PROTOCOL_VERSION not in hello.versions:
-            await self._goaway(
-                ws, f"no common protocol version: agent speaks {list(hello.versions)}, gateway {wire.PROTOCOL_VERSION}"
-            )
+        try:
+            handshake.choose_version(hello.versions)
+        except handshake.HandshakeRefused as err:
+            await self._goaway(ws, err.reason)
             return None
         return hello
 
@@ -194,19 +191,16 @@ class TunnelEndpoint:
         if hello is None:
             return
         lim = self.cfg.limits
-        await ws.send_bytes(
-            wire.encode(
-                wire.Welcome(
-                    version=wire.PROTOCOL_VERSION,
-                    replica=self.cfg.replica_id,
-                    replicas=self.cfg.replicas,
-                    heartbeat_interval=lim.heartbeat_interval,
-                    heartbeat_timeout=lim.heartbeat_timeout,
-                    window=lim.window,
-                    max_streams=lim.max_streams_per_session,
-                )
-            )
+        welcome = wire.Welcome(
+            version=handshake.choose_version(hello.versions),
+            replica=self.cfg.replica_id,
+            replicas=self.cfg.replicas,
+            heartbeat_interval=lim.heartbeat_interval,
+            heartbeat_timeout=lim.heartbeat_timeout,
+            window=lim.window,
+            max_streams=lim.max_streams_per_session,
         )
+        await ws.send_bytes(wire.encode(welcome))
         pools = frozenset(ident.pools)
         holder: list[AgentSession] = []
 
@@ -224,14 +218,11 @@ class TunnelEndpoint:
         def on_stream_closed(_: Stream) -> None:
             self.metrics.streams.dec()
 
-        session = Session(
+        session = Session.after_handshake(
             WebSocketSink(ws),
+            handshake.gateway_side(hello, welcome),
             opener=True,
             name=f"{hello.agent}/{hello.session[:8]}",
-            local_window=lim.window,
-            peer_window=hello.window,
-            local_max_streams=lim.max_streams_per_session,
-            peer_max_streams=min(hello.max_streams, lim.max_streams_per_session),
             limits=self.limits,
             on_control=on_control,
             on_stream_closed=on_stream_closed,
@@ -249,7 +240,6 @@ class TunnelEndpoint:
             self.metrics.sessions.labels(pool).inc()
         log.info("agent %s connected from %s (session %s, pools %s)", hello.agent, peer, hello.session[:8],
                  ",".join(sorted(pools)))
-        session.start(lim.heartbeat_interval, lim.heartbeat_timeout)
         if self.draining:
             session.send_control(wire.Drain("gateway is draining"))
         try:

@@ -1,12 +1,14 @@
 """The Raven tunnel wire format: a pure codec with no I/O.
 
-One binary WebSocket message carries exactly one frame::
+Version 1: one binary WebSocket message carries exactly one frame. Version 2 (batched): a message carries one
+or more frames, each preceded by its length (u32, big-endian), so a sender writes everything it has in one
+message per turn of its event loop. The frame itself is the same in both versions::
 
     +--------+--------+--------------------------------+-----------------+
     | type 8 | flags 8|        stream id 32 (BE)       | payload ...     |
     +--------+--------+--------------------------------+-----------------+
 
-The payload length is the message length minus the 6-byte header. Stream 0 carries
+The payload length is the frame's length (the message's in version 1) minus the 6-byte header. Stream 0 carries
 control frames; every other id names one stream. ``decode`` turns a message into one
 frame object or raises :class:`ProtocolError`; ``encode`` does the reverse. Nothing here
 touches a socket, a clock or a task, so the codec is easy to test and fuzz.
@@ -27,14 +29,16 @@ from typing import Any
 
 from raven.errors import RavenError
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+PROTOCOL_VERSION = 2  # what a gateway chooses when the agent offers it
+SUPPORTED_VERSIONS = (1, 2)
+BATCHED_FROM = 2  # the first version whose messages carry length-prefixed frames
 
 HEADER = struct.Struct("!BBI")
 HEADER_SIZE = HEADER.size
 FLAG_FIN = 0x01
 
 _U16 = struct.Struct("!H")
+_BATCHED_HEADER = struct.Struct("!IBBI")  # length prefix, then the frame header: the data path's one pack
 _U32 = struct.Struct("!I")
 _U64 = struct.Struct("!Q")
 _OPEN_FIXED = struct.Struct("!BH")  # kind, port
@@ -302,6 +306,42 @@ def _json(obj: dict[str, Any]) -> bytes:
 def encode_data(stream_id: int, data: bytes | memoryview, fin: bool = False) -> bytes:
     """The data path's encoder: one concatenation, no other copy."""
     return HEADER.pack(FrameType.DATA, FLAG_FIN if fin else 0, stream_id) + data
+
+
+def data_header(stream_id: int, length: int, fin: bool, batched: bool) -> bytes:
+    """The bytes that precede ``length`` bytes of DATA: the frame header, length-prefixed when batched."""
+    flags = FLAG_FIN if fin else 0
+    if batched:
+        return _BATCHED_HEADER.pack(HEADER_SIZE + length, FrameType.DATA, flags, stream_id)
+    return HEADER.pack(FrameType.DATA, flags, stream_id)
+
+
+def length_prefix(frame_size: int) -> bytes:
+    return _U32.pack(frame_size)
+
+
+def split_batch(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> list[memoryview]:
+    """A version-2 message's frames, as views into it (no copy). A bad length prefix is a session error."""
+    view = memoryview(message)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    total = len(view)
+    if total > limits.max_frame:
+        raise ProtocolError(f"message of {total} bytes exceeds the {limits.max_frame}-byte limit")
+    out: list[memoryview] = []
+    pos = 0
+    while pos < total:
+        if total - pos < 4:
+            raise ProtocolError(f"truncated length prefix at byte {pos} of a {total}-byte message")
+        (size,) = _U32.unpack_from(view, pos)
+        pos += 4
+        if size < HEADER_SIZE or size > total - pos:
+            raise ProtocolError(f"frame length {size} at byte {pos - 4} does not fit the {total}-byte message")
+        out.append(view[pos : pos + size])
+        pos += size
+    if not out:
+        raise ProtocolError("empty message")
+    return out
 
 
 def encode(frame: Frame) -> bytes:

@@ -44,7 +44,8 @@ class FakeGateway:
         await ws.prepare(request)
         hello = wire.decode(await ws.receive_bytes(timeout=10))
         assert isinstance(hello, wire.Hello)
-        await ws.send_bytes(wire.encode(wire.Welcome(wire.PROTOCOL_VERSION, "evil-1", 1, 30.0, 120.0)))
+        # Version 1 (one frame per message) keeps this hand-written gateway simple; the agent speaks both.
+        await ws.send_bytes(wire.encode(wire.Welcome(1, "evil-1", 1, 30.0, 120.0)))
         self.ws = ws
         self.connected.set()
         async for msg in ws:

@@ -315,7 +315,7 @@ async def _rogue(bed: Bed, agent: str, hello_agent: str | None = None) -> aiohtt
         f"wss://127.0.0.1:{bed.cluster.tunnel_port}/tunnel", ssl=ctx, server_hostname="raven-gateway"
     )
     ws._rogue_http = http  # type: ignore[attr-defined]
-    await ws.send_bytes(wire.encode(wire.Hello(hello_agent or agent, uuid.uuid4().hex)))
+    await ws.send_bytes(wire.encode(wire.Hello(hello_agent or agent, uuid.uuid4().hex, versions=(1,))))
     return ws
 
 
@@ -400,7 +400,7 @@ async def test_tunnel_requires_client_certificate(bed: Bed) -> None:
             ws = await http.ws_connect(
                 f"wss://127.0.0.1:{bed.cluster.tunnel_port}/tunnel", ssl=ctx, server_hostname="raven-gateway"
             )
-            await ws.send_bytes(wire.encode(wire.Hello("x", "y")))
+            await ws.send_bytes(wire.encode(wire.Hello("x", "y", versions=(1,))))
             msg = await asyncio.wait_for(ws.receive(), 5)
             if msg.type != aiohttp.WSMsgType.BINARY:
                 raise ConnectionError("closed")

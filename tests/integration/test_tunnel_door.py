@@ -97,7 +97,7 @@ class Peer:
         """HELLO; returns the gateway's answer (WELCOME or GOAWAY)."""
         assert self.http is not None
         self.ws = await self.http.ws_connect(self.url, ssl=self.ctx, max_msg_size=4 << 20)
-        await self.ws.send_bytes(wire.encode(wire.Hello(self.identity, uuid.uuid4().hex)))
+        await self.ws.send_bytes(wire.encode(wire.Hello(self.identity, uuid.uuid4().hex, versions=(1,))))
         return await self.receive()
 
     async def receive(self, timeout: float = 10) -> wire.Frame:

@@ -1,12 +1,12 @@
-"""Two sessions joined back to back in memory, for unit tests of the multiplexer."""
+"""Two asyncio sessions joined back to back in memory, for unit tests of the transport layer."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
-from raven.mux import OpenHandler, Session
 from raven.protocol import wire
+from raven.transport.session import OpenHandler, Session
 
 
 class QueueSink:
@@ -42,6 +42,16 @@ async def pair(
     ag.start(*heartbeat)
     tasks = [asyncio.create_task(gw.run(drain(to_gateway))), asyncio.create_task(ag.run(drain(to_agent)))]
     return gw, ag, tasks
+
+
+def batched(*frames: bytes) -> bytes:
+    """Encoded frames as one version-2 message."""
+    return b"".join(wire.length_prefix(len(f)) + f for f in frames)
+
+
+def frames(messages: list[bytes]) -> list[wire.Frame]:
+    """Every frame in a list of version-2 messages."""
+    return [wire.decode(raw) for m in messages for raw in wire.split_batch(m)]
 
 
 def http_open(node: str = "edge-1", port: int = 9400) -> wire.Open:

@@ -1,4 +1,4 @@
-"""The multiplexer: streams, flow control, resets, heartbeat, cleanup."""
+"""The asyncio session over the sans-I/O core: streams, flow control, resets, heartbeat, cleanup."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from raven.mux import Session, Stream, StreamReset
 from raven.protocol import wire
 from raven.protocol.flow import RecvWindow, SendCredit
-from tests.support.memsession import http_open, pair
+from raven.transport.session import Session, Stream, StreamReset
+from tests.support.memsession import batched, frames, http_open, pair
 
 
 def test_flow_accounting() -> None:
@@ -136,11 +136,11 @@ async def test_protocol_error_on_unknown_stream_and_garbage() -> None:
     gw, ag, tasks = await pair(lambda s: None)
     try:
         # DATA for a stream that never existed: the agent answers with RESET, session lives.
-        ag.feed(wire.encode_data(99, b"zz"))
+        ag.feed(batched(wire.encode_data(99, b"zz")))
         await asyncio.sleep(0.05)
         assert not ag.closed
         # Garbage on stream 0 ends the session, with a reason, no exception.
-        ag.feed(b"\xff\xff\x00\x00\x00\x00")
+        ag.feed(batched(b"\xff\xff\x00\x00\x00\x00"))
         await asyncio.wait_for(ag.wait_closed(), 5)
         assert "unknown frame type" in ag.close_reason
     finally:
@@ -178,9 +178,9 @@ async def test_replies_to_a_peer_that_does_not_read_are_bounded() -> None:
     s = Session(_StuckSink(), opener=True, name="flooded", local_window=1024, peer_window=1024,
                 local_max_streams=1, peer_max_streams=1)
     s.start(60, 120)
-    big = wire.encode(wire.Reset(1, wire.ResetCode.CANCEL, "x" * 1000))
-    for _ in range(Session.HARD_LIMIT // len(big) + 10):
-        s._enqueue(big)  # what unanswered peer-triggered replies do
+    drain = wire.Drain("x" * 1000)
+    for _ in range(Session.HARD_LIMIT // 1000 + 10):
+        s.send_control(drain)  # what unanswered peer-triggered replies do
         if s.closed:
             break
     await asyncio.wait_for(s.wait_closed(), 3)
@@ -204,7 +204,7 @@ async def test_last_data_frame_carries_fin_instead_of_an_end_frame() -> None:
         while chunk := await asyncio.wait_for(stream.read(), 5):
             got += bytes(chunk)
         assert len(got) == 100_000
-        sent = [wire.decode(m) for m in ag.sink.sent]  # type: ignore[attr-defined]
+        sent = frames(ag.sink.sent)  # type: ignore[attr-defined]
         data = [f for f in sent if isinstance(f, wire.Data)]
         assert data[-1].fin and not any(isinstance(f, wire.End) for f in sent)
         await asyncio.sleep(0.05)

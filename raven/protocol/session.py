@@ -1,0 +1,502 @@
+"""The tunnel session as a sans-I/O state machine: messages in, events out, ``data_to_send()`` out.
+
+No asyncio, no sockets, no clock of its own: the caller passes ``now`` (seconds, any monotonic origin) to
+:meth:`Session.receive` and :meth:`Session.tick`. One object holds the stream table, stream ids, per-stream
+flow-control accounting, the heartbeat deadlines and the outgoing frames; raven/transport/ runs it over a
+WebSocket, and tests drive two of them against each other in memory.
+
+Each direction of a stream is a small machine (h11's ``_state.py`` idea: the rules as a table)::
+
+    HEAD --HEAD--> BODY --DATA--> BODY --FIN--> DONE          HEAD --HEAD+FIN--> DONE
+
+The opener's (gateway's) sending half starts in BODY (its OPEN was the head) and its receiving half in HEAD
+(the response head comes first); the acceptor's (agent's) halves are the mirror. An OPEN with FIN starts the
+request half in DONE. A RESET, sent or received, ends both halves at once. A stream leaves the table when both
+halves are DONE or it was reset; ids are never reused.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from typing import Final
+
+from raven.errors import RavenError
+from raven.protocol import wire
+from raven.protocol.events import (
+    ControlReceived,
+    CreditReceived,
+    DataReceived,
+    Event,
+    HeadReceived,
+    ProtocolViolation,
+    SessionEnded,
+    StreamAborted,
+    StreamClosed,
+    StreamOpened,
+)
+from raven.protocol.flow import RecvWindow, SendCredit
+
+
+class Half(enum.IntEnum):
+    """Where one direction of a stream is."""
+
+    HEAD = 0  # the head must come first
+    BODY = 1  # data may flow
+    DONE = 2  # FIN sent or received: nothing more in this direction
+
+
+class Step(enum.IntEnum):
+    HEAD = 0
+    HEAD_FIN = 1
+    DATA = 2
+    FIN = 3  # END, or the FIN flag on DATA (after its data)
+
+
+# The whole lifecycle of one direction: a (state, step) pair not in the table breaks the protocol.
+TRANSITIONS: Final[dict[tuple[Half, Step], Half]] = {
+    (Half.HEAD, Step.HEAD): Half.BODY,
+    (Half.HEAD, Step.HEAD_FIN): Half.DONE,
+    (Half.BODY, Step.DATA): Half.BODY,
+    (Half.BODY, Step.FIN): Half.DONE,
+}
+
+_WHY_NOT: Final[dict[tuple[Half, Step], str]] = {
+    (Half.BODY, Step.HEAD): "second HEAD on stream",
+    (Half.BODY, Step.HEAD_FIN): "second HEAD on stream",
+    (Half.DONE, Step.HEAD): "HEAD after END",
+    (Half.DONE, Step.HEAD_FIN): "HEAD after END",
+    (Half.HEAD, Step.DATA): "DATA before HEAD",
+    (Half.HEAD, Step.FIN): "END before HEAD",
+    (Half.DONE, Step.DATA): "DATA after END",
+    (Half.DONE, Step.FIN): "END after END",
+}
+
+
+class StreamReset(RavenError):
+    """The stream was reset, by the peer or locally. ``code`` is a :class:`wire.ResetCode`."""
+
+    def __init__(self, code: int, reason: str, *, remote: bool) -> None:
+        super().__init__(f"{code_name(code)}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.remote = remote
+
+
+class LocalProtocolError(RavenError, RuntimeError):
+    """This side tried something the protocol does not allow (a bug in the caller, never the peer's doing)."""
+
+
+def code_name(code: int) -> str:
+    try:
+        return wire.ResetCode(code).name
+    except ValueError:
+        return f"code {code}"
+
+
+class StreamState:
+    """The protocol's view of one stream: both halves and both flow-control accounts."""
+
+    __slots__ = ("credit", "id", "local", "open", "recv", "remote")
+
+    def __init__(self, stream_id: int, open_frame: wire.Open, local: Half, remote: Half, window: int,
+                 peer_window: int) -> None:
+        self.id = stream_id
+        self.open = open_frame
+        self.local = local
+        self.remote = remote
+        self.recv = RecvWindow(window)
+        self.credit = SendCredit(peer_window)
+
+
+_Out = tuple[bytes, "bytes | memoryview | None"]
+
+
+class Session:
+    """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids)."""
+
+    BATCH_BUDGET: Final = 128 * 1024  # bytes of frames per batched message (every peer accepts 256 KiB)
+
+    def __init__(
+        self,
+        *,
+        opener: bool,
+        local_window: int,
+        peer_window: int,
+        local_max_streams: int,
+        peer_max_streams: int,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        version: int = wire.PROTOCOL_VERSION,
+        heartbeat_interval: float = 5.0,
+        heartbeat_timeout: float = 15.0,
+        now: float = 0.0,
+    ) -> None:
+        self.opener = opener
+        self.local_window = local_window
+        self.peer_window = peer_window
+        self.local_max_streams = local_max_streams
+        self.peer_max_streams = peer_max_streams
+        self.limits = limits
+        self.version = version
+        self.batched = version >= wire.BATCHED_FROM
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.streams: dict[int, StreamState] = {}
+        self._next_id = 1 if opener else 2
+        self._last_peer_id = 0
+        self._out: collections.deque[_Out] = collections.deque()
+        self.pending_bytes = 0  # bytes queued and not yet taken by data_to_send()
+        self._events: list[Event] = []
+        self.closed = False
+        self.close_reason = ""
+        self.close_code = 0
+        self.peer_draining = False
+        self.last_rx = now
+        self.rtt: float | None = None
+        self._ping_seq = 0
+        self._ping_sent: tuple[int, float] | None = None
+        self._next_ping = now + heartbeat_interval
+
+    def set_heartbeat(self, interval: float, timeout: float, now: float) -> None:
+        """The heartbeat agreed in the handshake, counted from ``now``."""
+        self.heartbeat_interval = interval
+        self.heartbeat_timeout = timeout
+        self.last_rx = now
+        self._next_ping = now + interval
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.streams)
+
+    @property
+    def ids_left(self) -> int:
+        return max(0, (wire.MAX_STREAM_ID - self._next_id) // 2 + 1)
+
+    def alive(self, stream_id: int) -> bool:
+        """Whether the stream is still in the table (not finished both ways, not reset)."""
+        return stream_id in self.streams
+
+    def credit(self, stream_id: int) -> int:
+        st = self.streams.get(stream_id)
+        return st.credit.available if st is not None else 0
+
+    def buffered_limit(self) -> int:
+        """The most this side can be made to buffer for received data: every stream's full window."""
+        return self.local_max_streams * self.local_window
+
+    # ------------------------------------------------------------ output
+
+    def _queue(self, frame: wire.Frame) -> None:
+        encoded = wire.encode(frame)
+        if self.batched:
+            self._out.append((wire.length_prefix(len(encoded)), encoded))
+            self.pending_bytes += 4 + len(encoded)
+        else:
+            self._out.append((encoded, None))
+            self.pending_bytes += len(encoded)
+
+    def data_to_send(self) -> list[bytes]:
+        """Every queued frame as WebSocket messages: one per frame in version 1, batched from version 2."""
+        out = self._out
+        if not out:
+            return []
+        self.pending_bytes = 0
+        messages: list[bytes] = []
+        if not self.batched:
+            while out:
+                head, body = out.popleft()
+                messages.append(head if body is None else head + body)
+            return messages
+        budget = self.BATCH_BUDGET
+        parts: list[bytes | memoryview] = []
+        size = 0
+        while out:
+            head, body = out.popleft()
+            n = len(head) + (0 if body is None else len(body))
+            if parts and size + n > budget:
+                messages.append(b"".join(parts))
+                parts, size = [], 0
+            parts.append(head)
+            if body is not None:
+                parts.append(body)
+            size += n
+        messages.append(parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
+        return messages
+
+    # ------------------------------------------------------------ local actions
+
+    def open_stream(self, open_frame: wire.Open) -> int:
+        """Open a stream (opener side) and queue its OPEN; returns the id. Raises :class:`StreamReset`."""
+        if self.closed:
+            raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
+        if not self.opener:
+            raise LocalProtocolError("the accepting side opens no streams")
+        if len(self.streams) >= self.peer_max_streams:
+            raise StreamReset(wire.ResetCode.LIMIT, f"{len(self.streams)} streams open, agent limit", remote=False)
+        stream_id = self._next_id
+        if stream_id > wire.MAX_STREAM_ID:
+            raise StreamReset(wire.ResetCode.SESSION_CLOSED, "stream ids of this session exhausted", remote=False)
+        o = open_frame
+        frame = wire.Open(stream_id, o.kind, o.node, o.port, o.method, o.target, o.headers, o.fin)
+        self._queue(frame)  # encoding raises for unencodable input before anything is registered
+        self._next_id += 2
+        self.streams[stream_id] = StreamState(
+            stream_id, frame, Half.DONE if frame.fin else Half.BODY, Half.HEAD, self.local_window, self.peer_window
+        )
+        return stream_id
+
+    @staticmethod
+    def _local_next(st: StreamState, step: Step) -> Half:
+        nxt = TRANSITIONS.get((st.local, step))
+        if nxt is None:
+            raise LocalProtocolError(f"stream {st.id}: {_WHY_NOT.get((st.local, step), 'not allowed')} (local)")
+        return nxt
+
+    def _stream(self, stream_id: int) -> StreamState:
+        st = self.streams.get(stream_id)
+        if st is None:
+            raise LocalProtocolError(f"stream {stream_id} is not open")
+        return st
+
+    def send_head(self, stream_id: int, status: int, reason: str, headers: wire.Headers, fin: bool = False) -> None:
+        """Queue the response head (acceptor side)."""
+        st = self._stream(stream_id)
+        frame = wire.Head(stream_id, status, reason, headers, fin)
+        nxt = self._local_next(st, Step.HEAD_FIN if fin else Step.HEAD)
+        self._queue(frame)  # encoding raises for an unencodable head before the state moves
+        st.local = nxt
+        self._release_if_done(st)
+
+    def send_data(self, stream_id: int, data: bytes | memoryview, fin: bool = False) -> int:
+        """Queue as much of ``data`` as credit and the frame size allow; returns how many bytes (maybe 0).
+
+        FIN goes on the frame only if all of ``data`` went. The bytes are referenced, not copied, until
+        :meth:`data_to_send`; a caller that reuses a mutable buffer must pass a copy.
+        """
+        st = self._stream(stream_id)
+        view = data if isinstance(data, memoryview) else memoryview(data)
+        st.local = self._local_next(st, Step.DATA)  # raises before any credit is taken
+        n = st.credit.take(min(len(view), self.limits.max_data))
+        last = fin and n == len(view)
+        if n == 0 and not last:
+            return 0
+        if last:
+            st.local = self._local_next(st, Step.FIN)
+        chunk = view[:n] if n < len(view) else view
+        if not chunk.readonly:
+            chunk = memoryview(bytes(chunk))
+        self._out.append((wire.data_header(stream_id, n, last, self.batched), chunk))
+        self.pending_bytes += (10 if self.batched else 6) + n
+        if last:
+            self._release_if_done(st)
+        return n
+
+    def end_stream(self, stream_id: int) -> None:
+        """Half-close: this side sends nothing more. Idempotent; a stream no longer open is left alone."""
+        st = self.streams.get(stream_id)
+        if st is None or st.local is Half.DONE:
+            return
+        st.local = self._local_next(st, Step.FIN)
+        self._queue(wire.End(stream_id))
+        self._release_if_done(st)
+
+    def reset_stream(self, stream_id: int, code: int, reason: str) -> None:
+        """Abort the stream both ways and tell the peer. Idempotent."""
+        if self.streams.pop(stream_id, None) is not None:
+            self._queue(wire.Reset(stream_id, code, reason))
+
+    def consumed(self, stream_id: int, n: int) -> None:
+        """The consumer took ``n`` received bytes: give credit back (in batches of half a window)."""
+        st = self.streams.get(stream_id)
+        if st is None:
+            return
+        inc = st.recv.consumed(n)
+        if inc and st.remote is not Half.DONE:
+            self._queue(wire.Window(stream_id, inc))
+
+    def send_control(self, frame: wire.ControlFrame) -> None:
+        if not self.closed:
+            self._queue(frame)
+
+    def close(self, code: int = 0, reason: str = "closed") -> list[Event]:
+        """End the session (GOAWAY first when ``code``). Every stream still open is aborted; their events return."""
+        if self.closed:
+            return []
+        self._end(reason, code, goaway=bool(code))
+        events, self._events = self._events, []
+        return events
+
+    def _release_if_done(self, st: StreamState) -> None:
+        if st.local is Half.DONE and st.remote is Half.DONE:
+            del self.streams[st.id]
+
+    # ------------------------------------------------------------ time
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has something to do: the next PING or the silence deadline, whichever is first."""
+        return min(self._next_ping, self.last_rx + self.heartbeat_timeout)
+
+    def tick(self, now: float) -> list[Event]:
+        """Heartbeat: end a session whose peer has been silent too long, else send the PING that is due."""
+        if self.closed:
+            return []
+        silent = now - self.last_rx
+        if silent > self.heartbeat_timeout:
+            self._end(f"heartbeat timeout: peer silent for {silent:.1f}s", 0, goaway=False)
+        elif now >= self._next_ping:
+            self._ping_seq += 1
+            self._ping_sent = (self._ping_seq, now)
+            self._next_ping = now + self.heartbeat_interval
+            self._queue(wire.Ping(self._ping_seq))
+        events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------ input
+
+    def receive(self, message: bytes | bytearray | memoryview, now: float) -> list[Event]:
+        """Handle one received WebSocket message. Never raises for bad input: it becomes RESET or GOAWAY."""
+        if self.closed:
+            return []
+        self.last_rx = now
+        events = self._events = []
+        if self.batched:
+            try:
+                frames = wire.split_batch(message, self.limits)
+            except wire.ProtocolError as err:
+                self._on_error(err)
+                self._events = []
+                return events
+        else:
+            frames = [message]  # type: ignore[list-item]
+        for raw in frames:
+            try:
+                self._dispatch(wire.decode(raw, self.limits), now)
+            except wire.ProtocolError as err:
+                self._on_error(err)
+            if self.closed:
+                break
+        self._events = []
+        return events
+
+    def _on_error(self, err: wire.ProtocolError) -> None:
+        self._events.append(ProtocolViolation(err.stream_id, err.reason))
+        if err.stream_id == 0:
+            self._end(f"protocol error: {err.reason}", wire.ResetCode.PROTOCOL, goaway=True)
+            return
+        if self.streams.pop(err.stream_id, None) is not None:
+            self._events.append(StreamAborted(err.stream_id, err.code, err.reason, False))
+            self._events.append(StreamClosed(err.stream_id))
+        self._queue(wire.Reset(err.stream_id, err.code, err.reason))
+
+    def _end(self, reason: str, code: int, goaway: bool) -> None:
+        self.closed = True
+        self.close_reason = reason
+        self.close_code = code
+        if goaway:
+            self._queue(wire.GoAway(code, reason))
+        events = self._events
+        for sid in list(self.streams):
+            events.append(StreamAborted(sid, wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", False))
+            events.append(StreamClosed(sid))
+        self.streams.clear()
+        events.append(SessionEnded(reason, code))
+
+    def _remote_step(self, st: StreamState, step: Step) -> None:
+        nxt = TRANSITIONS.get((st.remote, step))
+        if nxt is None:
+            raise wire.ProtocolError(_WHY_NOT.get((st.remote, step), "frame not allowed here"), st.id)
+        st.remote = nxt
+
+    def _closed_by_peer(self, st: StreamState) -> None:
+        if st.local is Half.DONE and st.remote is Half.DONE:
+            del self.streams[st.id]
+            self._events.append(StreamClosed(st.id))
+
+    def _dispatch(self, frame: wire.Frame, now: float) -> None:
+        events = self._events
+        if isinstance(frame, wire.Data):
+            st = self._stream_for(frame.stream_id)
+            if st is None:
+                return
+            self._remote_step(st, Step.DATA)
+            data = frame.data if isinstance(frame.data, memoryview) else memoryview(frame.data)
+            if data:
+                st.recv.received(len(data), st.id)
+            if frame.fin:
+                self._remote_step(st, Step.FIN)
+            events.append(DataReceived(st.id, data, frame.fin))
+            if frame.fin:
+                self._closed_by_peer(st)
+        elif isinstance(frame, wire.Window):
+            st = self._stream_for(frame.stream_id)
+            if st is not None and st.local is not Half.DONE:
+                st.credit.grant(frame.increment, st.id)
+                events.append(CreditReceived(st.id))
+        elif isinstance(frame, wire.Head):
+            st = self._stream_for(frame.stream_id)
+            if st is None:
+                return
+            if not self._is_own_id(st.id):
+                raise wire.ProtocolError("HEAD on a stream the peer opened", st.id)
+            self._remote_step(st, Step.HEAD_FIN if frame.fin else Step.HEAD)
+            events.append(HeadReceived(st.id, frame))
+            if frame.fin:
+                events.append(DataReceived(st.id, memoryview(b""), True))
+                self._closed_by_peer(st)
+        elif isinstance(frame, wire.End):
+            st = self._stream_for(frame.stream_id)
+            if st is None:
+                return
+            self._remote_step(st, Step.FIN)
+            events.append(DataReceived(st.id, memoryview(b""), True))
+            self._closed_by_peer(st)
+        elif isinstance(frame, wire.Reset):
+            if self.streams.pop(frame.stream_id, None) is not None:
+                events.append(StreamAborted(frame.stream_id, frame.code, frame.reason, True))
+                events.append(StreamClosed(frame.stream_id))
+        elif isinstance(frame, wire.Open):
+            self._on_open(frame)
+        elif isinstance(frame, wire.Ping):
+            self._queue(wire.Pong(frame.opaque))
+        elif isinstance(frame, wire.Pong):
+            sent = self._ping_sent
+            if sent is not None and sent[0] == frame.opaque:
+                self.rtt = now - sent[1]
+                self._ping_sent = None
+        elif isinstance(frame, wire.GoAway):
+            self._end(f"peer said goodbye: {frame.reason}", 0, goaway=False)
+        else:
+            if isinstance(frame, wire.Drain):
+                self.peer_draining = True
+            events.append(ControlReceived(frame))
+
+    def _is_own_id(self, stream_id: int) -> bool:
+        return (stream_id % 2 == 1) == self.opener
+
+    def _stream_for(self, stream_id: int) -> StreamState | None:
+        st = self.streams.get(stream_id)
+        if st is not None:
+            return st
+        # A frame for a stream that already ended (it raced with our RESET or END) is dropped; a frame for a
+        # stream that never existed is a protocol error.
+        known = stream_id < self._next_id if self._is_own_id(stream_id) else stream_id <= self._last_peer_id
+        if not known:
+            raise wire.ProtocolError(f"frame for unknown stream {stream_id}", stream_id)
+        return None
+
+    def _on_open(self, frame: wire.Open) -> None:
+        sid = frame.stream_id
+        if self.opener or self._is_own_id(sid):
+            raise wire.ProtocolError("this side does not accept streams", sid, wire.ResetCode.REFUSED)
+        if sid <= self._last_peer_id:
+            raise wire.ProtocolError(f"OPEN reuses stream id {sid}")
+        self._last_peer_id = sid
+        if len(self.streams) >= self.local_max_streams:
+            self._queue(wire.Reset(sid, wire.ResetCode.LIMIT, f"agent stream limit {self.local_max_streams}"))
+            return
+        self.streams[sid] = StreamState(
+            sid, frame, Half.HEAD, Half.DONE if frame.fin else Half.BODY, self.local_window, self.peer_window
+        )
+        self._events.append(StreamOpened(sid, frame))

@@ -1,0 +1,590 @@
+"""The asyncio side of a tunnel session: the sans-I/O core (raven.protocol.session) run over a message transport.
+
+One reader (:meth:`Session.run`) feeds every received message to the core and turns its events into woken
+waiters; it never awaits a stream's consumer, so one slow stream cannot stall the others. One writer task sends
+everything the core has queued as few messages as the protocol version allows, once per turn of the loop, and
+waits on the transport's own flow control (the sink's ``send`` drains); stream writers wait only when more than
+``HIGH_WATER`` bytes are queued. The writer exists while there is output or a stream is open, so an idle session
+holds no task. The heartbeat is driven by one timer per loop (raven.transport.heartbeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from raven.lograte import RateLimitedLog
+from raven.protocol import session as core
+from raven.protocol import wire
+from raven.protocol.events import (
+    ControlReceived,
+    CreditReceived,
+    DataReceived,
+    Event,
+    HeadReceived,
+    ProtocolViolation,
+    SessionEnded,
+    StreamAborted,
+    StreamClosed,
+    StreamOpened,
+)
+from raven.protocol.handshake import Agreement
+from raven.protocol.session import StreamReset
+from raven.transport.heartbeat import Heartbeats
+
+__all__ = ["MessageSink", "Session", "Stream", "StreamReset"]
+
+log = logging.getLogger("raven.session")
+# What a peer can trigger frame after frame (bad frames, frames for unknown streams) is logged at most once a
+# minute per session and kind, with a count of what was left out.
+_peer_log = RateLimitedLog(log)
+
+_EMPTY = b""
+
+
+class MessageSink(Protocol):
+    """Where a session's messages go (one WebSocket, in production)."""
+
+    async def send(self, message: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Stream:
+    """One request or connection inside a session: reads and writes that await the session's events."""
+
+    __slots__ = (
+        "_chunks",
+        "_credit_waiter",
+        "_data_waiter",
+        "_finished",
+        "_head",
+        "_remote_fin",
+        "_reset",
+        "_session",
+        "bytes_in",
+        "bytes_out",
+        "id",
+        "local_fin",
+        "open",
+    )
+
+    def __init__(self, session: Session, stream_id: int, open_frame: wire.Open) -> None:
+        self._session = session
+        self.id = stream_id
+        self.open = open_frame
+        self._chunks: collections.deque[memoryview] = collections.deque()
+        self._data_waiter: asyncio.Future[None] | None = None
+        self._credit_waiter: asyncio.Future[None] | None = None
+        self._head: asyncio.Future[wire.Head] = session.loop.create_future()
+        self._finished: asyncio.Future[None] = session.loop.create_future()
+        self._remote_fin = open_frame.fin and not session.opener
+        self.local_fin = open_frame.fin and session.opener
+        self._reset: StreamReset | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.done()
+
+    @property
+    def reset_error(self) -> StreamReset | None:
+        return self._reset
+
+    @staticmethod
+    def _wake(fut: asyncio.Future[None] | None) -> None:
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    # ------------------------------------------------------------ the session's events
+
+    def _on_head(self, head: wire.Head) -> None:
+        self._head.set_result(head)
+
+    def _on_data(self, data: memoryview, fin: bool) -> None:
+        if data:
+            self._chunks.append(data)
+            self.bytes_in += len(data)
+        if fin:
+            self._remote_fin = True
+        self._wake(self._data_waiter)
+
+    def _on_reset(self, err: StreamReset) -> None:
+        if self._reset is not None:
+            return
+        self._reset = err
+        self._chunks.clear()
+        if not self._head.done():
+            self._head.set_exception(err)
+            self._head.exception()  # mark retrieved: nobody may be waiting for a head
+        self._wake(self._data_waiter)
+        self._wake(self._credit_waiter)
+
+    # ------------------------------------------------------------ public API
+
+    async def wait_finished(self) -> None:
+        """Until the stream has ended both ways or was reset (by either side)."""
+        await asyncio.shield(self._finished)
+
+    async def head(self) -> wire.Head:
+        """Wait for the response head (opener side). Raises :class:`StreamReset`."""
+        return await asyncio.shield(self._head)
+
+    async def read(self) -> bytes | memoryview:
+        """Next chunk of data, or ``b""`` at end of stream. Raises :class:`StreamReset`."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                session = self._session
+                session.core.consumed(self.id, len(chunk))
+                session._kick()
+                return chunk
+            if self._reset is not None:
+                raise self._reset
+            if self._remote_fin:
+                return _EMPTY
+            self._data_waiter = self._session.loop.create_future()
+            try:
+                await self._data_waiter
+            finally:
+                self._data_waiter = None
+
+    async def write(self, data: bytes | memoryview, end: bool = False) -> None:
+        """Send data, waiting for credit and for room in the session's send queue.
+
+        ``end``: this is the last data; the final DATA frame carries FIN, which saves an END frame.
+        """
+        if self.local_fin:
+            raise RuntimeError("write after end")
+        view = data if isinstance(data, memoryview) else memoryview(data)
+        if end and not view:
+            self.end()
+            return
+        session = self._session
+        send = session.core.send_data
+        while view:
+            if self._reset is not None:
+                raise self._reset
+            if session._queued > session.HIGH_WATER:
+                await session._wait_send_room()
+                continue
+            n = send(self.id, view, end)
+            if n == 0:
+                self._credit_waiter = session.loop.create_future()
+                try:
+                    await self._credit_waiter
+                finally:
+                    self._credit_waiter = None
+                continue
+            self.bytes_out += n
+            view = view[n:]
+            session._kick()
+        if end:
+            self.local_fin = True
+            session._release_if_done(self)
+
+    def end(self) -> None:
+        """Half-close: no more data from this side. Idempotent."""
+        if self.local_fin or self._reset is not None or self.finished:
+            return
+        self.local_fin = True
+        session = self._session
+        session.core.end_stream(self.id)
+        session._kick()
+        session._release_if_done(self)
+
+    def send_head(self, status: int, reason: str, headers: wire.Headers, fin: bool = False) -> None:
+        """Send the response head (acceptor side)."""
+        if self._reset is not None:
+            raise self._reset
+        session = self._session
+        session.core.send_head(self.id, status, reason, headers, fin)
+        if fin:
+            self.local_fin = True
+        session._kick()
+        if fin:
+            session._release_if_done(self)
+
+    def reset(self, code: wire.ResetCode, reason: str) -> None:
+        """Abort the stream in both directions and tell the peer. Idempotent."""
+        if self.finished:
+            return
+        session = self._session
+        session.core.reset_stream(self.id, code, reason)
+        session._kick()
+        self._on_reset(StreamReset(code, reason, remote=False))
+        session._release(self)
+
+    def close(self) -> None:
+        """Ensure the stream is finished: a stream not cleanly ended both ways is cancelled."""
+        if not self.finished:
+            self.reset(wire.ResetCode.CANCEL, "closed by the local side")
+
+
+OpenHandler = Callable[[Stream], None]
+ControlHandler = Callable[[wire.ControlFrame], None]
+
+
+class Session:
+    """One tunnel connection carrying many streams, over a :class:`MessageSink`.
+
+    ``opener`` is True on the gateway side, which opens streams (odd ids); the agent accepts them. Parameters
+    come from the HELLO/WELCOME exchange (raven.protocol.handshake) done by the caller; ``version`` is the one
+    agreed there (version 2 batches frames into messages).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_closed_fut",
+        "_in_transit",
+        "_out_waiter",
+        "_room_waiters",
+        "_tasks",
+        "_writer_task",
+        "core",
+        "heartbeat_interval",
+        "loop",
+        "name",
+        "on_control",
+        "on_open",
+        "on_stream_closed",
+        "sink",
+        "streams",
+    )
+
+    HIGH_WATER = 1 << 20  # bytes queued for the transport before stream writers wait
+    LOW_WATER = 256 * 1024
+    HARD_LIMIT = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
+
+    def __init__(
+        self,
+        sink: MessageSink,
+        *,
+        opener: bool,
+        name: str,
+        local_window: int,
+        peer_window: int,
+        local_max_streams: int,
+        peer_max_streams: int,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        version: int = wire.PROTOCOL_VERSION,
+        on_open: OpenHandler | None = None,
+        on_control: ControlHandler | None = None,
+        on_stream_closed: Callable[[Stream], None] | None = None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.sink = sink
+        self.name = name
+        self.core = core.Session(
+            opener=opener,
+            local_window=local_window,
+            peer_window=peer_window,
+            local_max_streams=local_max_streams,
+            peer_max_streams=peer_max_streams,
+            limits=limits,
+            version=version,
+            now=self.loop.time(),
+        )
+        self.on_open = on_open
+        self.on_control = on_control
+        self.on_stream_closed = on_stream_closed
+        self.streams: dict[int, Stream] = {}
+        self._writer_task: asyncio.Task[None] | None = None
+        self._out_waiter: asyncio.Future[None] | None = None
+        self._in_transit = 0  # bytes the writer took from the core and has not finished sending
+        self._room_waiters: list[asyncio.Future[None]] = []
+        self._closed = False
+        self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
+        self._tasks: list[asyncio.Task[None]] = []
+        self.heartbeat_interval = self.core.heartbeat_interval
+
+    @classmethod
+    def after_handshake(
+        cls,
+        sink: MessageSink,
+        agreed: Agreement,
+        *,
+        opener: bool,
+        name: str,
+        limits: wire.Limits,
+        on_open: OpenHandler | None = None,
+        on_control: ControlHandler | None = None,
+        on_stream_closed: Callable[[Stream], None] | None = None,
+    ) -> Session:
+        """The session either side builds from the handshake's agreement, heartbeat started."""
+        session = cls(
+            sink,
+            opener=opener,
+            name=name,
+            local_window=agreed.local_window,
+            peer_window=agreed.peer_window,
+            local_max_streams=agreed.local_max_streams,
+            peer_max_streams=agreed.peer_max_streams,
+            limits=limits,
+            version=agreed.version,
+            on_open=on_open,
+            on_control=on_control,
+            on_stream_closed=on_stream_closed,
+        )
+        session.start(agreed.heartbeat_interval, agreed.heartbeat_timeout)
+        return session
+
+    # ------------------------------------------------------------ the core's state, read through
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def close_reason(self) -> str:
+        return self.core.close_reason
+
+    @property
+    def opener(self) -> bool:
+        return self.core.opener
+
+    @property
+    def peer_draining(self) -> bool:
+        return self.core.peer_draining
+
+    @property
+    def rtt(self) -> float | None:
+        return self.core.rtt
+
+    @property
+    def last_rx(self) -> float:
+        return self.core.last_rx
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.streams)
+
+    @property
+    def ids_left(self) -> int:
+        return self.core.ids_left
+
+    @property
+    def _queued(self) -> int:
+        return self.core.pending_bytes + self._in_transit
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        self.core.set_heartbeat(heartbeat_interval, heartbeat_timeout, self.loop.time())
+        Heartbeats.of(self.loop).add(self)
+
+    async def run(self, messages: AsyncIterator[bytes]) -> None:
+        """Feed every received message until the transport ends, then close."""
+        reason = "peer closed the connection"
+        try:
+            async for message in messages:
+                self.feed(message)
+                if self._closed or self.core.closed:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            reason = f"connection lost: {exc}"
+        finally:
+            await self.close(self.core.close_reason or reason, self.core.close_code)
+
+    def feed(self, message: bytes | bytearray | memoryview) -> None:
+        """Handle one received message. Never blocks and never raises for bad input."""
+        if self._closed:
+            return
+        events = self.core.receive(message, self.loop.time())
+        if events:
+            self._handle(events)
+        self._kick()
+
+    def tick(self, now: float) -> None:
+        """Called by :class:`Heartbeats`: close a silent session, or send the next PING."""
+        events = self.core.tick(now)
+        if events:
+            self._handle(events)
+        self._kick()
+
+    async def close(self, reason: str, code: int = 0) -> None:
+        """End the session: every stream is reset, tasks stop, the transport closes. Idempotent."""
+        if self._closed:
+            await self.wait_closed()
+            return
+        self._closed = True
+        self._handle(self.core.close(code, reason))
+        for stream in list(self.streams.values()):  # a stream the core had already let go
+            stream._on_reset(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
+            self._release(stream)
+        current = asyncio.current_task()
+        if self._writer_task is not None and self._writer_task is not current:
+            self._tasks.append(self._writer_task)
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        for fut in self._room_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        last = self.core.data_to_send()  # frames queued before the end, then GOAWAY when there is one
+        if last and code:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    for message in last:
+                        await self.sink.send(message)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await self.sink.close()
+        for task in self._tasks:
+            if task is not current:
+                with contextlib.suppress(BaseException):
+                    await task
+        if not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    async def wait_closed(self) -> None:
+        """Wait until :meth:`close` has finished (a cancelled waiter leaves the session alone)."""
+        await asyncio.shield(self._closed_fut)
+
+    def _close_soon(self, reason: str, code: int = 0) -> None:
+        if not self._closed:
+            self._tasks.append(self.loop.create_task(self.close(reason, code)))
+
+    # ------------------------------------------------------------ events from the core
+
+    def _handle(self, events: list[Event]) -> None:
+        streams = self.streams
+        for ev in events:
+            if isinstance(ev, DataReceived):
+                stream = streams.get(ev.stream_id)
+                if stream is not None:
+                    stream._on_data(ev.data, ev.fin)
+            elif isinstance(ev, CreditReceived):
+                stream = streams.get(ev.stream_id)
+                if stream is not None:
+                    Stream._wake(stream._credit_waiter)
+            elif isinstance(ev, HeadReceived):
+                stream = streams.get(ev.stream_id)
+                if stream is not None:
+                    stream._on_head(ev.head)
+            elif isinstance(ev, StreamClosed):
+                stream = streams.get(ev.stream_id)
+                if stream is not None:
+                    self._release(stream)
+            elif isinstance(ev, StreamOpened):
+                stream = Stream(self, ev.stream_id, ev.open)
+                streams[ev.stream_id] = stream
+                if self.on_open is not None:
+                    self.on_open(stream)
+            elif isinstance(ev, StreamAborted):
+                stream = streams.get(ev.stream_id)
+                if stream is not None:
+                    stream._on_reset(StreamReset(ev.code, ev.reason, remote=ev.remote))
+            elif isinstance(ev, ControlReceived):
+                if self.on_control is not None:
+                    self.on_control(ev.frame)
+            elif isinstance(ev, ProtocolViolation):
+                if ev.stream_id == 0:
+                    _peer_log.warning(self.name, "protocol", "session %s: protocol error: %s", self.name, ev.reason)
+                else:
+                    _peer_log.info(self.name, "stream-error", "session %s: stream %d: %s", self.name, ev.stream_id,
+                                   ev.reason)
+            elif isinstance(ev, SessionEnded):
+                if ev.reason.startswith("heartbeat timeout"):
+                    log.warning("session %s: %s (deadline %.1fs): closing", self.name, ev.reason,
+                                self.core.heartbeat_timeout)
+                self._close_soon(ev.reason, ev.code)
+
+    # ------------------------------------------------------------ streams
+
+    def open_stream(self, open_frame: wire.Open) -> Stream:
+        """Open a stream (opener side): the OPEN frame is queued at once. Raises :class:`StreamReset`."""
+        if self._closed:
+            raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
+        try:
+            stream_id = self.core.open_stream(open_frame)
+        except StreamReset as err:
+            if "exhausted" in err.reason:
+                # Ids are never reused: end this session; the agent redials and gets a fresh one.
+                self._close_soon("stream ids exhausted: reconnect for a new session", wire.ResetCode.LIMIT)
+            raise
+        stream = Stream(self, stream_id, self.core.streams[stream_id].open)
+        self.streams[stream_id] = stream
+        self._kick()
+        return stream
+
+    def _release_if_done(self, stream: Stream) -> None:
+        if not self.core.alive(stream.id):
+            self._release(stream)
+
+    def _release(self, stream: Stream) -> None:
+        if not stream._finished.done():
+            stream._finished.set_result(None)
+        if self.streams.pop(stream.id, None) is not None and self.on_stream_closed is not None:
+            self.on_stream_closed(stream)
+
+    def send_control(self, frame: wire.ControlFrame) -> None:
+        self.core.send_control(frame)
+        self._kick()
+
+    # ------------------------------------------------------------ sending
+
+    def _kick(self) -> None:
+        """Output is queued in the core: make sure the writer will send it (on the next turn of the loop)."""
+        pending = self.core.pending_bytes
+        if not pending or self._closed:
+            return
+        if pending + self._in_transit > self.HARD_LIMIT:
+            log.warning("session %s: %d bytes queued and the peer is not reading them: closing", self.name,
+                        pending + self._in_transit)
+            self._close_soon(f"peer not reading: over {self.HARD_LIMIT} bytes queued")
+            return
+        if self._writer_task is None:
+            self._writer_task = self.loop.create_task(self._writer())
+        else:
+            waiter = self._out_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_send_room(self) -> None:
+        while self._queued > self.HIGH_WATER and not self._closed:
+            fut = self.loop.create_future()
+            self._room_waiters.append(fut)
+            await fut
+        if self._closed:
+            raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
+
+    async def _writer(self) -> None:
+        core_session = self.core
+        try:
+            while not self._closed:
+                messages = core_session.data_to_send()
+                if not messages:
+                    if not self.streams:
+                        return  # idle: no task held (memory); the next output starts a new writer
+                    self._out_waiter = self.loop.create_future()
+                    try:
+                        await self._out_waiter
+                    finally:
+                        self._out_waiter = None
+                    continue
+                for message in messages:
+                    self._in_transit += len(message)
+                for message in messages:
+                    await self.sink.send(message)
+                    self._in_transit -= len(message)
+                if self._room_waiters and self._queued <= self.LOW_WATER:
+                    waiters, self._room_waiters = self._room_waiters, []
+                    for fut in waiters:
+                        if not fut.done():
+                            fut.set_result(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._close_soon(f"send failed: {exc!r}")
+        finally:
+            self._writer_task = None

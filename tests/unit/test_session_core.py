@@ -1,0 +1,137 @@
+"""The sans-I/O session, step by step: batching, versions, the transition table, heartbeat as data."""
+
+from __future__ import annotations
+
+import pytest
+
+from raven.protocol import handshake, wire
+from raven.protocol.events import (
+    DataReceived,
+    HeadReceived,
+    ProtocolViolation,
+    SessionEnded,
+    StreamAborted,
+    StreamClosed,
+    StreamOpened,
+)
+from raven.protocol.session import TRANSITIONS, Half, LocalProtocolError, Session, Step
+
+
+def pair(version: int = 2) -> tuple[Session, Session]:
+    common = dict(local_window=65536, peer_window=65536, local_max_streams=8, peer_max_streams=8, version=version)
+    return Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+
+
+def op(node: str = "edge-1", fin: bool = True) -> wire.Open:
+    return wire.Open(0, wire.StreamKind.HTTP, node, 9400, "GET", "/metrics", (), fin)
+
+
+def relay(src: Session, dst: Session, now: float = 0.0) -> list[object]:
+    events: list[object] = []
+    for message in src.data_to_send():
+        events += dst.receive(message, now)
+    return events
+
+
+def test_one_turn_of_frames_is_one_message_in_version_2_and_one_each_in_version_1() -> None:
+    for version, expected in ((2, 1), (1, 3)):
+        gw, ag = pair(version)
+        ids = [gw.open_stream(op(f"edge-{i}")) for i in range(3)]
+        messages = gw.data_to_send()
+        assert len(messages) == expected
+        events = [e for m in messages for e in ag.receive(m, 0.0)]
+        assert [e.stream_id for e in events if isinstance(e, StreamOpened)] == ids
+
+
+def test_batches_are_cut_at_the_budget() -> None:
+    gw, ag = pair()
+    sid = gw.open_stream(op())
+    relay(gw, ag)
+    ag.send_head(sid, 200, "OK", ())
+    body = b"y" * 60_000
+    while ag.send_data(sid, body):
+        pass  # until the 64 KiB window is used up
+    messages = ag.data_to_send()
+    assert all(len(m) <= Session.BATCH_BUDGET for m in messages)
+    got = b"".join(bytes(e.data) for m in messages for e in gw.receive(m, 0.0) if isinstance(e, DataReceived))
+    assert len(got) == 65536
+
+
+def test_a_full_exchange_releases_the_stream_on_both_sides() -> None:
+    gw, ag = pair()
+    sid = gw.open_stream(op())
+    assert any(isinstance(e, StreamOpened) for e in relay(gw, ag))
+    ag.send_head(sid, 200, "OK", (("content-type", "text/plain"),))
+    assert ag.send_data(sid, b"hello", fin=True) == 5
+    assert not ag.alive(sid)  # both halves done on the agent's side
+    events = relay(ag, gw)
+    assert [type(e) for e in events] == [HeadReceived, DataReceived, StreamClosed]
+    assert not gw.alive(sid) and gw.in_flight == 0
+
+
+def test_the_transition_table_is_the_whole_lifecycle() -> None:
+    assert TRANSITIONS[(Half.HEAD, Step.HEAD)] is Half.BODY
+    assert (Half.DONE, Step.DATA) not in TRANSITIONS
+    gw, ag = pair()
+    sid = gw.open_stream(op())
+    relay(gw, ag)
+    with pytest.raises(LocalProtocolError):
+        ag.send_data(sid, b"x")  # the agent must send HEAD first
+    with pytest.raises(LocalProtocolError):
+        gw.send_head(sid, 200, "OK", ())  # the opener never sends a head
+    # The agent's DATA before HEAD, written by hand, resets only that stream.
+    events = gw.receive(wire.length_prefix(6 + 2) + wire.encode_data(sid, b"zz"), 0.0)
+    assert any(isinstance(e, ProtocolViolation) and "DATA before HEAD" in e.reason for e in events)
+    assert any(isinstance(e, StreamAborted) and not e.remote for e in events)
+    assert not gw.closed and not gw.alive(sid)
+    assert isinstance(wire.decode(wire.split_batch(gw.data_to_send()[0])[0]), wire.Reset)
+
+
+def test_heartbeat_is_driven_by_the_clock_it_is_given() -> None:
+    gw, ag = pair()
+    gw.set_heartbeat(1.0, 3.0, now=100.0)
+    assert gw.tick(100.5) == [] and gw.data_to_send() == []
+    assert gw.tick(101.0) == []
+    ping = gw.data_to_send()
+    assert len(ping) == 1
+    ag.receive(ping[0], 101.0)
+    gw.receive(ag.data_to_send()[0], 101.25)  # the PONG
+    assert gw.rtt == pytest.approx(0.25)
+    assert gw.next_deadline() == pytest.approx(102.0)
+    events = gw.tick(104.5)  # silent for more than 3 s
+    assert isinstance(events[-1], SessionEnded) and "heartbeat timeout" in events[-1].reason
+    assert gw.closed and gw.data_to_send() == []  # a silent peer gets no GOAWAY
+
+
+def test_session_error_answers_goaway_and_aborts_every_stream() -> None:
+    gw, ag = pair()
+    sid = gw.open_stream(op())
+    relay(gw, ag)
+    events = ag.receive(b"\x00\x00\x00\x02zz", 0.0)  # a frame length below the header size
+    assert [type(e) for e in events] == [ProtocolViolation, StreamAborted, StreamClosed, SessionEnded]
+    assert ag.closed and not ag.alive(sid)
+    goaway = wire.decode(wire.split_batch(ag.data_to_send()[0])[0])
+    assert isinstance(goaway, wire.GoAway) and goaway.code == wire.ResetCode.PROTOCOL
+
+
+def test_versions_are_negotiated_to_the_newest_common_one() -> None:
+    assert handshake.choose_version([1, 2]) == 2
+    assert handshake.choose_version([1]) == 1
+    with pytest.raises(handshake.HandshakeRefused) as info:
+        handshake.choose_version([7])
+    assert "agent speaks [7]" in info.value.reason
+    hello = wire.Hello("a", "s", (1,), window=1000, max_streams=5)
+    welcome = wire.Welcome(1, "r", 1, 5.0, 15.0, window=2000, max_streams=9)
+    gw_side, ag_side = handshake.gateway_side(hello, welcome), handshake.agent_side(hello, welcome)
+    assert (gw_side.local_window, gw_side.peer_window, gw_side.peer_max_streams) == (2000, 1000, 5)
+    assert (ag_side.local_window, ag_side.peer_window, ag_side.local_max_streams) == (1000, 2000, 5)
+
+
+def test_a_mutable_buffer_is_copied_before_the_caller_can_reuse_it() -> None:
+    gw, ag = pair()
+    sid = gw.open_stream(op(fin=False))
+    buf = bytearray(b"abc")
+    gw.send_data(sid, buf)
+    buf[:] = b"xyz"  # the caller reuses its buffer before the writer runs
+    events = relay(gw, ag)
+    assert [bytes(e.data) for e in events if isinstance(e, DataReceived)] == [b"abc"]
