@@ -20,6 +20,7 @@ from gateway.status import render_html, snapshot
 from gateway.tunnel import TunnelEndpoint
 from raven import pki
 from raven.config import GatewayConfig, split_host_port
+from raven.config.reload import Reloader, take_over
 from raven.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
 from raven.listener import (
     ConnectionGuard,
@@ -32,7 +33,6 @@ from raven.listener import (
 from raven.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops import start_ops_server
 from raven.protocol import wire
-from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
