@@ -21,7 +21,7 @@ from gateway.tunnel import TunnelEndpoint
 from raven import pki
 from raven.config import GatewayConfig, split_host_port
 from raven.config.reload import Reloader, take_over
-from raven.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
 from raven.listener import (
     ConnectionGuard,
     GuardedSite,

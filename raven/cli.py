@@ -227,7 +227,7 @@ async def _names_and_addresses(args: argparse.Namespace) -> tuple[list[str], lis
 
 
 def cmd_hosts_render(args: argparse.Namespace) -> int:
-    from raven.hosts import render
+    from raven.dns.hosts import render
 
     async def main() -> int:
         names, addresses = await _names_and_addresses(args)
@@ -260,7 +260,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dns_check(args: argparse.Namespace) -> int:
-    from raven.dnscheck import check_all
+    from raven.dns.check import check_all
     from raven.errors import CheckError
 
     async def main() -> int:
