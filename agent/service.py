@@ -23,9 +23,9 @@ from raven import pki
 from raven.config import AgentConfig
 from raven.config.reload import Reloader, take_over
 from raven.errors import RavenError
-from raven.metrics import AgentMetrics, set_cert_expiry
 from raven.mux import Session
-from raven.ops import start_ops_server
+from raven.ops.metrics import AgentMetrics, set_cert_expiry
+from raven.ops.server import start_ops_server
 from raven.protocol import wire
 from raven.tls import CertReloader, expiries
 from raven.transport import WebSocketSink, messages

@@ -41,8 +41,8 @@ from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
 from raven.listener import ConnectionGuard
-from raven.metrics import GatewayMetrics
 from raven.mux import Stream, StreamReset
+from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
 

@@ -30,8 +30,8 @@ from raven.listener import (
     guard_middleware,
     guarded_handler,
 )
-from raven.metrics import GatewayMetrics, set_cert_expiry
-from raven.ops import start_ops_server
+from raven.ops.metrics import GatewayMetrics, set_cert_expiry
+from raven.ops.server import start_ops_server
 from raven.protocol import wire
 from raven.tls import CertReloader, expiries
 

@@ -14,8 +14,8 @@ from gateway.registry import AgentSession, Registry, refusal_label
 from raven import pki
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
-from raven.metrics import GatewayMetrics
 from raven.mux import Session, Stream
+from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.transport import WebSocketSink, messages
 
