@@ -291,7 +291,7 @@ def cmd_dns_check(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from raven import demo
+    from raven.demo import demo
 
     setup_logging("warning" if not args.verbose else "info")
     return run_async(demo.main(args))

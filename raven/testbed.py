@@ -226,7 +226,7 @@ class Testbed:
         for site in self.sites:
             for node, address in site.nodes.items():
                 ns = f"rv-{site.name}-n{node[-1]}"
-                await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.simexporter", "--node",
+                await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.demo.simexporter", "--node",
                                                       f"{node}={address}:9400"])
                 if NODE_EXPORTER_ON_EVERY_NODE:
                     exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
