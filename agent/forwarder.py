@@ -23,7 +23,7 @@ from agent.checks import Policy, Refused, Request, check_open
 from agent.fairslots import FairSlots, QueueFull
 from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
-from raven.metrics import AgentMetrics
+from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 from raven.protocol.headers import HOP_BY_HOP
 from raven.transport.session import Stream, StreamReset

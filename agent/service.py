@@ -21,12 +21,12 @@ from agent.forwarder import Forwarder
 from agent.targets import DialTarget, Resolution, resolve
 from raven import pki
 from raven.config import AgentConfig
+from raven.config.reload import Reloader, take_over
 from raven.errors import RavenError
-from raven.metrics import AgentMetrics, set_cert_expiry
-from raven.ops import start_ops_server
+from raven.ops.metrics import AgentMetrics, set_cert_expiry
+from raven.ops.server import start_ops_server
 from raven.protocol import handshake, wire
 from raven.protocol.handshake import HandshakeRefused
-from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
 from raven.transport.session import Session
 from raven.transport.websocket import WebSocketSink, messages

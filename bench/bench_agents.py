@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raven import pki
 from raven.config import TLSConfig
-from raven.launch import LocalCluster, Proc
+from raven.demo.launch import LocalCluster, Proc
 from raven.protocol import wire
 from raven.tls import client_context
 from raven.transport.session import Session, Stream

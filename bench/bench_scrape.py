@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from raven.launch import LocalCluster, PoolSpec, free_port
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec, free_port
+from raven.demo.simexporter import SimExporter, SimNode
 
 LUA_ROTATE = """
 local hosts = {%s}

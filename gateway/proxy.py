@@ -41,7 +41,7 @@ from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
 from raven.listener import ConnectionGuard
-from raven.metrics import GatewayMetrics
+from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
 from raven.transport.session import Stream, StreamReset

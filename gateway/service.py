@@ -20,7 +20,8 @@ from gateway.status import render_html, snapshot
 from gateway.tunnel import TunnelEndpoint
 from raven import pki
 from raven.config import GatewayConfig, split_host_port
-from raven.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
+from raven.config.reload import Reloader, take_over
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
 from raven.listener import (
     ConnectionGuard,
     GuardedSite,
@@ -29,10 +30,9 @@ from raven.listener import (
     guard_middleware,
     guarded_handler,
 )
-from raven.metrics import GatewayMetrics, set_cert_expiry
-from raven.ops import start_ops_server
+from raven.ops.metrics import GatewayMetrics, set_cert_expiry
+from raven.ops.server import start_ops_server
 from raven.protocol import wire
-from raven.reload import Reloader, take_over
 from raven.tls import CertReloader, expiries
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from gateway.registry import AgentSession, Registry, refusal_label
 from raven import pki
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
-from raven.metrics import GatewayMetrics
+from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
 from raven.transport.session import Session, Stream
 from raven.transport.websocket import WebSocketSink, messages

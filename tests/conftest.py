@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from raven.launch import LocalCluster, PoolSpec
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import HOSTS, Bed, pick_node_port
 
 

@@ -15,7 +15,7 @@
 # Usage: topology.sh up | down | status | uplink SITE up|down
 set -eEuo pipefail  # -E: the ERR trap below also fires inside functions
 
-PREFIX=rv  # raven/testbed.py uses the same names
+PREFIX=rv  # tests/support/testbed.py uses the same names
 CLOUD=$PREFIX-cloud
 WAN=$PREFIX-wan
 SITES=(a b)

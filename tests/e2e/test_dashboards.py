@@ -36,8 +36,8 @@ import pytest_asyncio
 import yaml
 
 from raven.aio import stop_process
-from raven.launch import LocalCluster, PoolSpec, free_port
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec, free_port
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import pick_node_port
 from tests.support.paths import ROOT
 from tests.support.polling import eventually

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from raven.testbed import GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
 from tests.support.polling import eventually
+from tests.support.testbed import GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

@@ -17,9 +17,9 @@ import pytest_asyncio
 from aiohttp import web
 
 from raven.config import TLSConfig
-from raven.launch import LocalCluster, PoolSpec, Proc, free_port
+from raven.demo.launch import LocalCluster, PoolSpec, Proc, free_port
+from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire
-from raven.simexporter import SimExporter, SimNode
 from raven.tls import server_context
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.metrics import metric_values

@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from raven.launch import LocalCluster, PoolSpec
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import HOSTS, pick_node_port, start_echo
 from tests.support.polling import eventually
 

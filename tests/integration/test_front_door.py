@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from raven.launch import LocalCluster, PoolSpec
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import HOSTS, pick_node_port, start_echo
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually

@@ -11,8 +11,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from raven.launch import LocalCluster, PoolSpec, free_port
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec, free_port
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import pick_node_port
 from tests.support.dnsmasq import Dnsmasq
 from tests.support.tcplb import TcpBalancer

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from raven.launch import LocalCluster, PoolSpec
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import pick_node_port
 from tests.support.fakekube import FakeKube
 from tests.support.polling import eventually

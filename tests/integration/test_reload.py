@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from raven.launch import LocalCluster, PoolSpec, Proc
-from raven.simexporter import SimExporter, SimNode
+from raven.demo.launch import LocalCluster, PoolSpec, Proc
+from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raven import simexporter
-from raven.simexporter import SimExporter, SimNode, default_nodes, gpu_util, render_metrics
+from raven.demo import simexporter
+from raven.demo.simexporter import SimExporter, SimNode, default_nodes, gpu_util, render_metrics
 from tests.support.paths import ROOT
 
 PLAIN = {"Accept-Encoding": "identity"}
@@ -504,7 +504,7 @@ async def test_standalone_runs_until_signal() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "raven.simexporter",
+        "raven.demo.simexporter",
         "--node",
         f"edge-gpu-1=127.0.0.2:{ports[0]}",
         "--node",

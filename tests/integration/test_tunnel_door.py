@@ -14,9 +14,9 @@ import pytest
 import pytest_asyncio
 
 from raven.config import TLSConfig
-from raven.launch import LocalCluster, PoolSpec
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire
-from raven.simexporter import SimExporter, SimNode
 from raven.tls import client_context
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.metrics import metric_values

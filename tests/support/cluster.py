@@ -6,8 +6,8 @@ import socket
 
 from aiohttp import web
 
-from raven.launch import LocalCluster
-from raven.simexporter import SimExporter
+from raven.demo.launch import LocalCluster
+from raven.demo.simexporter import SimExporter
 
 # Tests use 127.0.10.0/24 so they never clash with the demo (127.0.0.x).
 HOSTS = [f"127.0.10.{i}" for i in range(2, 12)]

@@ -8,7 +8,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from raven.launch import free_port
+from raven.demo.launch import free_port
 
 
 class Dnsmasq:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raven.hosts import render, write_atomic
+from raven.dns.hosts import render, write_atomic
 
 
 def body(text: str) -> list[str]:

@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from raven import cli_certs, pki
+from raven import pki
+from raven.cli import certs
 
 
 def _mode(path: Path) -> int:
@@ -471,7 +472,7 @@ def test_agent_certificate_cannot_serve_as_gateway(tmp_path: Path) -> None:
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="raven")
     add_parser_target = parser.add_subparsers()
-    cli_certs.add_parser(add_parser_target)
+    certs.add_parser(add_parser_target)
     args = parser.parse_args(list(argv))
     result = args.func(args)
     assert isinstance(result, int)

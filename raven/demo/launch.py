@@ -23,7 +23,7 @@ import yaml
 
 from raven import pki
 from raven.aio import stop_process
-from raven.simexporter import SimNode
+from raven.demo.simexporter import SimNode
 
 
 def free_port(host: str = "127.0.0.1", also: tuple[str, ...] = ()) -> int:

@@ -11,7 +11,8 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from raven import __version__, cli_certs
+from raven import __version__
+from raven.cli import certs
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.lograte import BoundedLines
@@ -227,7 +228,7 @@ async def _names_and_addresses(args: argparse.Namespace) -> tuple[list[str], lis
 
 
 def cmd_hosts_render(args: argparse.Namespace) -> int:
-    from raven.hosts import render
+    from raven.dns.hosts import render
 
     async def main() -> int:
         names, addresses = await _names_and_addresses(args)
@@ -260,7 +261,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dns_check(args: argparse.Namespace) -> int:
-    from raven.dnscheck import check_all
+    from raven.dns.check import check_all
     from raven.errors import CheckError
 
     async def main() -> int:
@@ -291,7 +292,7 @@ def cmd_dns_check(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from raven import demo
+    from raven.demo import demo
 
     setup_logging("warning" if not args.verbose else "info")
     return run_async(demo.main(args))
@@ -330,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--name", help="agent identity (default: from the certificate)")
     ag.set_defaults(func=cmd_agent)
 
-    cli_certs.add_parser(sub)
+    certs.add_parser(sub)
 
     def names_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--gateway", metavar="URL", help="a gateway's ops listener (e.g. http://raven-gateway:10265): "
@@ -409,6 +410,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # e.g. an address already in use, a file that cannot be read
         print(f"raven {args.command}: error: {exc}", file=sys.stderr)
         return 1
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """A real topology on one machine: Prometheus in a cloud network namespace scrapes GPU nodes of two
 edge sites by name; the Raven tunnel is the only way in.
 
-    sudo .venv/bin/python -m raven.testbed run      # build it, start everything, wait for Ctrl-C, tear down
+    sudo .venv/bin/python -m tests.support.testbed run   # build it, start everything, wait for Ctrl-C, tear down
 
 Namespaces and addresses come from ``deploy/testbed/topology.sh``. In the cloud namespace: the
 gateway (front end on 10.200.0.1:9400 and :9100, the address every edge name resolves to),
@@ -34,8 +34,9 @@ import yaml
 from raven import pki
 from raven.aio import stop_process
 from raven.errors import TestbedError
+from tests.support.paths import ROOT
 
-TOPOLOGY = Path(__file__).resolve().parent.parent / "deploy" / "testbed" / "topology.sh"
+TOPOLOGY = ROOT / "deploy" / "testbed" / "topology.sh"
 CLOUD_IP = "10.200.0.1"
 OBSERVER_IP = "10.199.0.2"
 PROMETHEUS = f"http://{OBSERVER_IP}:9090"
@@ -226,7 +227,7 @@ class Testbed:
         for site in self.sites:
             for node, address in site.nodes.items():
                 ns = f"rv-{site.name}-n{node[-1]}"
-                await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.simexporter", "--node",
+                await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.demo.simexporter", "--node",
                                                       f"{node}={address}:9400"])
                 if NODE_EXPORTER_ON_EVERY_NODE:
                     exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -334,7 +335,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m raven.testbed", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tests.support.testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "check"],
                         help="run: stay up until Ctrl-C; check: come up, wait for every target, tear down")

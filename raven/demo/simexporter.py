@@ -13,7 +13,7 @@ request costs no rendering. Faults can be injected per node at run time with
 
 Run standalone::
 
-    python -m raven.simexporter --node edge-gpu-1=127.0.0.2:9400 --node edge-gpu-2=127.0.0.3:9400
+    python -m raven.demo.simexporter --node edge-gpu-1=127.0.0.2:9400 --node edge-gpu-2=127.0.0.3:9400
 
 Size: a self-contained simulated dcgm-exporter (series model, server, fault modes, CLI), a tool for the
 demo and the tests rather than product code.
@@ -707,13 +707,13 @@ def _parse_node(spec: str) -> SimNode:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m raven.simexporter",
+        prog="python -m raven.demo.simexporter",
         description=(
             "Simulated NVIDIA dcgm-exporter: serves realistic GPU metrics for several fake nodes, "
             "one listener per node, at /metrics (gzip if asked). Runs until SIGINT or SIGTERM."
         ),
         epilog=(
-            "example: python -m raven.simexporter --node edge-gpu-1=127.0.0.2:9400 "
+            "example: python -m raven.demo.simexporter --node edge-gpu-1=127.0.0.2:9400 "
             "--node edge-gpu-2=127.0.0.3:9400  (all of 127.0.0.0/8 is local on Linux)"
         ),
     )

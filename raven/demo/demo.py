@@ -14,8 +14,8 @@ from pathlib import Path
 
 import aiohttp
 
-from raven.launch import LocalCluster, PoolSpec
-from raven.simexporter import SimExporter, SimNode, gpu_util
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimExporter, SimNode, gpu_util
 
 POOLS = ("factory-a", "factory-b")
 

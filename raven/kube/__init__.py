@@ -30,8 +30,8 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES
 from raven.errors import KubeError
-from raven.hosts import CONFIGMAP_MAX_BYTES
 
 log = logging.getLogger("raven.kube")
 
