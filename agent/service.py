@@ -27,8 +27,8 @@ from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
 from raven.protocol import handshake, wire
 from raven.protocol.handshake import HandshakeRefused
-from raven.tls import CertReloader, expiries
 from raven.transport.session import Session
+from raven.transport.tls import CertReloader, expiries
 from raven.transport.websocket import WebSocketSink, messages
 
 if TYPE_CHECKING:

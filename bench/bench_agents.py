@@ -39,8 +39,8 @@ from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, Proc
 from raven.protocol import wire
-from raven.tls import client_context
 from raven.transport.session import Session, Stream
+from raven.transport.tls import client_context
 from raven.transport.websocket import WebSocketSink, messages
 
 

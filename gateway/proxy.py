@@ -40,10 +40,10 @@ from gateway.request import (
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
-from raven.listener import ConnectionGuard
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
+from raven.transport.listener import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")

@@ -22,7 +22,10 @@ from raven import pki
 from raven.config import GatewayConfig, split_host_port
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
-from raven.listener import (
+from raven.ops.metrics import GatewayMetrics, set_cert_expiry
+from raven.ops.server import start_ops_server
+from raven.protocol import wire
+from raven.transport.listener import (
     ConnectionGuard,
     GuardedSite,
     GuardLimits,
@@ -30,10 +33,7 @@ from raven.listener import (
     guard_middleware,
     guarded_handler,
 )
-from raven.ops.metrics import GatewayMetrics, set_cert_expiry
-from raven.ops.server import start_ops_server
-from raven.protocol import wire
-from raven.tls import CertReloader, expiries
+from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
     from raven.kube import KubeNode, LeaseElector

@@ -8,7 +8,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from raven.config import split_host_port
-from raven.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
+from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
 
 # The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood
 # there from costing the other listeners their descriptors.

@@ -20,7 +20,7 @@ from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, PoolSpec, Proc, free_port
 from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire
-from raven.tls import server_context
+from raven.transport.tls import server_context
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually

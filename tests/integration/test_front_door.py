@@ -333,7 +333,7 @@ async def test_tunnel_port_handshake_and_upgrade_have_deadlines(door: Door) -> N
     finally:
         await close_all([writer])
     from raven.config import TLSConfig
-    from raven.tls import client_context
+    from raven.transport.tls import client_context
 
     certs = door.cluster.certs
     agent = next(iter(door.cluster.agents))

@@ -17,7 +17,7 @@ from aiohttp import web
 from raven import pki
 from raven.config import TLSConfig
 from raven.protocol import wire
-from raven.tls import client_context, server_context
+from raven.transport.tls import client_context, server_context
 from tests.support.cluster import Bed
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually

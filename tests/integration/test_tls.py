@@ -13,7 +13,7 @@ import pytest
 
 from raven import pki
 from raven.config import TLSConfig
-from raven.tls import CertReloader, client_context
+from raven.transport.tls import CertReloader, client_context
 
 
 def make_ca(root: Path, name: str) -> Path:

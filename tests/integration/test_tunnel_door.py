@@ -17,7 +17,7 @@ from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, PoolSpec
 from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire
-from raven.tls import client_context
+from raven.transport.tls import client_context
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually

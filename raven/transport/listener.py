@@ -32,7 +32,7 @@ from aiohttp.web_runner import BaseRunner, BaseSite
 
 from raven.lograte import RateLimitedLog
 
-log = logging.getLogger("raven.listener")
+log = logging.getLogger("raven.transport.listener")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 

@@ -21,7 +21,7 @@ from raven.aio import cancel_and_wait
 from raven.config import TLSConfig
 from raven.errors import TLSError
 
-log = logging.getLogger("raven.tls")
+log = logging.getLogger("raven.transport.tls")
 
 
 def _load(ctx: ssl.SSLContext, cfg: TLSConfig) -> None:
