@@ -143,9 +143,11 @@ async def main(args: argparse.Namespace) -> int:
                 assert cluster.gateway is not None
                 agent = next(iter(cluster.agents.values()))
                 for name, pid in (("gateway", cluster.gateway.process.pid), ("agent", agent.process.pid)):
-                    p = await profile(pid, max(1, args.duration - 1), workdir / f"{name}-c{c}.txt")
+                    out = (args.profile_dir or workdir) / f"{name}-c{c}.txt"
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    p = await profile(pid, max(1, args.duration - 1), out)
                     if p is not None:
-                        prof_tasks.append((name, p, workdir / f"{name}-c{c}.txt"))
+                        prof_tasks.append((name, p, out))
             assert cluster.gateway is not None
             pids = [cluster.gateway.process.pid, *(a.process.pid for a in cluster.agents.values())]
             cpu_before = sum(cpu_seconds(pid) for pid in pids)
@@ -184,6 +186,8 @@ def cli() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="connections (default 1 32)")
     parser.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
     parser.add_argument("--profile", action="store_true", help="sample gateway and agent with py-spy")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="keep py-spy's collapsed stacks here (default: a temporary folder, removed)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print("bench: wrk is not installed (apt-get install wrk)", file=sys.stderr)
