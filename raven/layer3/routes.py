@@ -5,7 +5,9 @@
 table (default 21057, :data:`~raven.layer3.config.RAVEN_TABLE`). Nothing else on the host is touched: a route
 that is not marked is never deleted, even in Raven's table.
 
-**Reconciling.** :meth:`RouteManager.reconcile` is given the complete wanted state (routes and rules); it reads
+**Reconciling.** A :class:`RouteManager` owns Raven's routes in the tables it is given (``raven routes``: Raven's
+table; a gateway node: the main table), so that two of them never undo each other's work.
+:meth:`RouteManager.reconcile` is given the complete wanted state (routes and rules); it reads
 what the kernel has, deletes Raven's routes and rules that are not wanted (stale ones from a crash, or from an
 older configuration, and duplicates), and adds what is missing. Run at start, a restart after a crash leaves
 exactly one of each; run again later, it repairs what someone deleted. :meth:`RouteManager.remove_all` is a
@@ -114,7 +116,10 @@ def _route_key(msg: Any) -> _Key:
 class RouteManager:
     """Reconciles Raven's routes and rules in one network namespace (None: this process's)."""
 
-    def __init__(self, *, netns: str | None = None) -> None:
+    def __init__(self, tables: Iterable[int], *, netns: str | None = None) -> None:
+        """Manage Raven's routes in ``tables`` only (e.g. ``{RAVEN_TABLE}`` for ``raven routes``, ``{254}``
+        for the device routes of a gateway node): two managers of different tables never undo each other."""
+        self.tables = frozenset(tables)
         self.netns = netns
         self.installed: dict[str, Route | Rule] = {}  # description -> what is in place now
 
@@ -153,6 +158,8 @@ class RouteManager:
                 index[route.device] = found[0] if found else None
         want: dict[_Key, Route] = {}
         for route in wanted:
+            if route.table not in self.tables:
+                raise Layer3Error(f"{route.describe()}: table {route.table} is not one this manager owns")
             oif = index.get(route.device) if route.device else None
             if route.device is not None and oif is None:
                 changes.failed.append(f"{route.describe()}: no device {route.device}")
@@ -162,7 +169,7 @@ class RouteManager:
         have: dict[_Key, Any] = {}
         for family in FAMILIES:
             for msg in [m async for m in await ipr.route("dump", family=family, proto=RAVEN_PROTO)]:
-                if msg["proto"] != RAVEN_PROTO:
+                if msg["proto"] != RAVEN_PROTO or (msg.get("table") or msg["table"]) not in self.tables:
                     continue
                 key = _route_key(msg)
                 if key not in want and key[3] is not None and (*key[:4], None) in want:
@@ -273,7 +280,10 @@ def _sysctl_path(key: str) -> Path:
 class Sysctls:
     """Set sysctls where they differ, and put back on :meth:`restore` what was changed (see the module doc)."""
 
-    def __init__(self, *, netns: str | None = None) -> None:
+    def __init__(self, tables: Iterable[int], *, netns: str | None = None) -> None:
+        """Manage Raven's routes in ``tables`` only (e.g. ``{RAVEN_TABLE}`` for ``raven routes``, ``{254}``
+        for the device routes of a gateway node): two managers of different tables never undo each other."""
+        self.tables = frozenset(tables)
         self.netns = netns
         self.changed: dict[str, tuple[str, str]] = {}  # key -> (value found, value set)
 
