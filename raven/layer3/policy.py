@@ -82,6 +82,7 @@ def intersect(configured: Iterable[str | Network], allowed: Iterable[str | Netwo
 
 def collapse(nets: Iterable[Network]) -> list[Network]:
     """Sorted, without any network contained in another of the list."""
+    nets = list(nets)
     v4 = [n for n in nets if n.version == IPV4]
     v6 = [n for n in nets if n.version == IPV6]
     out: list[Network] = []

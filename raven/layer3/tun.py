@@ -58,6 +58,7 @@ TUNSETIFF = 0x400454CA
 TUNSETPERSIST = 0x400454CB
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
+IFA_F_NODAD = 0x02
 _IFREQ = struct.Struct("16sH22x")
 IFNAMSIZ = 16
 
@@ -131,11 +132,22 @@ def _kind(link: Any) -> str | None:
     return info.get("kind") if info is not None else None
 
 
+def _no_link_local(name: str) -> None:
+    """No IPv6 link-local address on the device (addr_gen_mode 1, set while it is down): nothing on a routed
+    point-to-point tunnel uses one, and without it the kernel sends no router solicitations or MLD reports
+    into the tunnel (which the other side could only drop). Nothing to do where IPv6 is off."""
+    path = f"/proc/sys/net/ipv6/conf/{name}/addr_gen_mode"
+    if os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("1\n")
+
+
 async def _reconcile_link(ipr: AsyncIPRoute, name: str, want: Sequence[ipaddress.IPv4Interface |
-                          ipaddress.IPv6Interface], mtu: int) -> int:
+                          ipaddress.IPv6Interface], mtu: int, netns: str | None) -> int:
     """Set MTU, addresses (removing stale ones, IPv6 link-local excepted) and up; return the index."""
     index: int = (await ipr.link_lookup(ifname=name))[0]
     await ipr.link("set", index=index, mtu=mtu)
+    _netns.call_in(netns, lambda: _no_link_local(name))
     have = {(a.get("address"), a["prefixlen"]) for a in [m async for m in await ipr.addr("dump", index=index)]}
     wanted = {(str(i.ip), i.network.prefixlen) for i in want}
     for address, prefixlen in sorted(have - wanted, key=str):
@@ -145,7 +157,10 @@ async def _reconcile_link(ipr: AsyncIPRoute, name: str, want: Sequence[ipaddress
         log.info("layer3: removed stale address %s/%d from %s", address, prefixlen, name)
     for i in want:
         if (str(i.ip), i.network.prefixlen) not in have:
-            await ipr.addr("add", index=index, address=str(i.ip), prefixlen=i.network.prefixlen)
+            # IPv6: no duplicate address detection on a point-to-point device nobody else is on (it would
+            # hold the address "tentative", unusable, for a second or more)
+            flags = IFA_F_NODAD if i.version == 6 else 0
+            await ipr.addr("add", index=index, address=str(i.ip), prefixlen=i.network.prefixlen, flags=flags)
     await ipr.link("set", index=index, state="up")
     return index
 
@@ -206,7 +221,7 @@ class TunDevice:
                 except OSError as exc2:
                     raise Layer3Error(f"cannot create TUN device {name}{where}: {exc2.strerror}") from None
             try:
-                index = await _reconcile_link(ipr, name, want, mtu)
+                index = await _reconcile_link(ipr, name, want, mtu, netns)
             except BaseException as exc:
                 os.close(fd)
                 if isinstance(exc, NetlinkError | OSError):

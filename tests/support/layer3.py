@@ -93,7 +93,9 @@ class Netns:
         """Run a command to its end (without blocking the event loop) and return its stdout; fail on error."""
         proc = await self.spawn(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-        assert proc.returncode == 0, f"{argv} in {self.name}: exit {proc.returncode}: {stderr.decode()[-2000:]}"
+        assert proc.returncode == 0, (
+            f"{argv} in {self.name}: exit {proc.returncode}: {stdout.decode()[-2000:]} {stderr.decode()[-2000:]}"
+        )
         return stdout.decode()
 
 
