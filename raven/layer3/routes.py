@@ -280,10 +280,7 @@ def _sysctl_path(key: str) -> Path:
 class Sysctls:
     """Set sysctls where they differ, and put back on :meth:`restore` what was changed (see the module doc)."""
 
-    def __init__(self, tables: Iterable[int], *, netns: str | None = None) -> None:
-        """Manage Raven's routes in ``tables`` only (e.g. ``{RAVEN_TABLE}`` for ``raven routes``, ``{254}``
-        for the device routes of a gateway node): two managers of different tables never undo each other."""
-        self.tables = frozenset(tables)
+    def __init__(self, *, netns: str | None = None) -> None:
         self.netns = netns
         self.changed: dict[str, tuple[str, str]] = {}  # key -> (value found, value set)
 
