@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests start for real: dnsmasq (DNS from a hosts file, as
 # CoreDNS's hosts plugin), Prometheus (scrapes edge nodes through the gateway), Debian's
-# node-exporter (a real exporter behind the edge), iproute2 (network namespaces) and Chromium (the
-# status page, loaded headless).
+# node-exporter (a real exporter behind the edge), iproute2 (network namespaces), Chromium (the
+# status page, loaded headless), and ping and iperf3 (layer 3 across network namespaces).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -12,6 +12,8 @@ command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-node-exporter >/dev/null 2>&1 || need+=(prometheus-node-exporter)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the status page is tested in a real browser
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)  # layer 3: ping across TUN devices
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)  # layer 3: throughput of the packet pump
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

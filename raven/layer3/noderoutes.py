@@ -1,0 +1,193 @@
+"""``raven routes``: on every non-gateway node, send the remote CIDRs to the local gateway node.
+
+Run by a DaemonSet on every node of a pool (and of the cloud). It programs, with pyroute2, in Raven's own
+routing table (default 21057) one route per remote CIDR via the gateway node's address, and one rule per
+address family, ``from all lookup 21057`` at priority 21057 (before the main table). Every ``interval`` (30 s)
+it checks them again and repairs what differs (each check has a deadline, ``timeout``); on SIGTERM or SIGINT it
+removes them all and exits 0. At start, the first check deletes whatever a crashed predecessor left that is no
+longer wanted, so a restart never duplicates anything. On the gateway node itself (the gateway's address is
+one of this node's) it installs nothing and waits: that node's routes belong to the agent or gateway there.
+
+The gateway node must be on this node's network (the kernel wants the next hop on a connected route).
+
+Wiring: :func:`add_parser` adds the ``routes`` command to a ``raven`` command line; :func:`run` is the
+command; ``python -m raven.layer3.noderoutes`` runs it on its own.
+
+Size: the command line, the settings it builds, and the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from raven.errors import ConfigError, RavenError
+from raven.layer3.config import RoutesLayer3, parse
+from raven.layer3.errors import Layer3Error
+from raven.layer3.routes import Changes, Route, RouteManager, rules_for
+
+log = logging.getLogger("raven.layer3.noderoutes")
+
+DESCRIPTION = (
+    "Program the routes that send remote CIDRs to the local gateway node: Raven's own routing table "
+    "(default 21057) with one route per CIDR via the gateway node, and a rule 'from all lookup 21057'. "
+    "Checked again every --interval seconds; removed on SIGTERM/SIGINT. Needs CAP_NET_ADMIN."
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Add the ``routes`` command to a ``raven`` command line (``func``: run it)."""
+    p = subparsers.add_parser("routes", help="route remote CIDRs to the local gateway node (on every node)",
+                              description=DESCRIPTION)
+    configure_parser(p)
+    p.set_defaults(func=command)
+    return p
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", type=Path,
+                   help="YAML file with a 'layer3: routes:' section (the flags below override it)")
+    p.add_argument("--gateway", help="address of the local gateway node")
+    p.add_argument("--cidr", action="append", dest="cidrs", metavar="CIDR",
+                   help="a remote CIDR to route via the gateway node (repeat for more)")
+    p.add_argument("--table", type=int, help="Raven's routing table id (default 21057)")
+    p.add_argument("--priority", type=int, help="priority of Raven's rule (default 21057)")
+    p.add_argument("--interval", type=float, help="seconds between checks (default 30)")
+    p.add_argument("--timeout", type=float, help="deadline of one check in seconds (default 10)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def settings(args: argparse.Namespace) -> RoutesLayer3:
+    """The validated settings: the file's ``layer3.routes`` section, then the flags."""
+    tree: dict[str, Any] = {}
+    where = "layer3.routes"
+    path: Path | None = getattr(args, "config", None)
+    if path is not None:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        section = ((data or {}).get("layer3") or {}).get("routes") if isinstance(data, dict) else None
+        if section is not None and not isinstance(section, dict):
+            raise ConfigError(f"{path}: layer3.routes must be a mapping")
+        tree.update(section or {})
+        where = f"{path}: layer3.routes"
+    for name in ("gateway", "cidrs", "table", "priority", "interval", "timeout"):
+        value = getattr(args, name, None)
+        if value is not None:
+            tree[name] = value
+    return parse(RoutesLayer3, tree, where)
+
+
+async def _is_local(address: str) -> bool:
+    wanted = ipaddress.ip_address(address)
+    async with AsyncIPRoute() as ipr:
+        for msg in [m async for m in await ipr.addr("dump")]:
+            local = msg.get("address")
+            if local is not None and ipaddress.ip_address(local) == wanted:
+                return True
+    return False
+
+
+def _log(changes: Changes, verb: str) -> None:
+    for line in changes.added:
+        log.info("routes: installed %s", line)
+    for line in changes.removed:
+        log.info("routes: %s %s", verb, line)
+    for line in changes.failed:
+        log.error("routes: could not apply %s", line)
+
+
+async def run(args: argparse.Namespace) -> int:
+    """The ``raven routes`` command: reconcile until SIGTERM/SIGINT, then remove everything. Returns the exit
+    status: 0 after a clean removal, 1 if something could not be removed."""
+    cfg = settings(args)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    manager = RouteManager({cfg.table})
+    routes = [Route(cidr, table=cfg.table, gateway=cfg.gateway) for cidr in cfg.cidrs]
+    rules = rules_for(cfg.cidrs, cfg.table, cfg.priority)
+    log.info("routes: %d CIDR(s) via %s, table %d, rule priority %d, checked every %gs",
+             len(routes), cfg.gateway, cfg.table, cfg.priority, cfg.interval)
+    local_logged = False
+    try:
+        while not stop.is_set():
+            try:
+                local = await asyncio.wait_for(_is_local(cfg.gateway), cfg.timeout)
+                if local and not local_logged:
+                    log.info("routes: %s is this node's own address (the gateway node): nothing to install",
+                             cfg.gateway)
+                local_logged = local
+                changes = await asyncio.wait_for(
+                    manager.reconcile([] if local else routes, [] if local else rules), cfg.timeout
+                )
+                _log(changes, "removed stale")
+            except TimeoutError:
+                log.error("routes: a check took longer than %gs; trying again in %gs", cfg.timeout, cfg.interval)
+            except (NetlinkError, OSError, Layer3Error) as exc:
+                log.error("routes: check failed: %s; trying again in %gs", exc, cfg.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), cfg.interval)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        status = await _remove(manager, cfg)
+    return status
+
+
+async def _remove(manager: RouteManager, cfg: RoutesLayer3) -> int:
+    log.info("routes: stopping, removing what was installed")
+    try:
+        removed = await asyncio.wait_for(manager.remove_all(rule_tables={cfg.table}), cfg.timeout)
+    except (TimeoutError, NetlinkError, OSError) as exc:
+        log.error("routes: could not remove everything: %s", exc or "timed out")
+        return 1
+    _log(removed, "removed")
+    if removed.failed:
+        return 1
+    log.info("routes: nothing of Raven's is left in table %d", cfg.table)
+    return 0
+
+
+def _setup_logging(level: str) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+
+def command(args: argparse.Namespace) -> int:
+    """A synchronous entry point for a command line whose commands are ``func(args) -> int``."""
+    _setup_logging(getattr(args, "log_level", "info"))
+    return asyncio.run(run(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="raven routes", description=DESCRIPTION)
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    try:
+        return command(args)
+    except RavenError as exc:
+        print(f"raven routes: {'' if isinstance(exc, ConfigError) else 'error: '}{exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
