@@ -94,7 +94,8 @@ def _cmd_issue_gateway(args: argparse.Namespace) -> int:
 
 
 def _cmd_issue_agent(args: argparse.Namespace) -> int:
-    cert_path, key_path = pki.issue(args.dir, args.dir, "agent", args.name, pools=args.pool, days=args.days)
+    cert_path, key_path = pki.issue(args.dir, args.dir, "agent", args.name, pools=args.pool,
+                                     cidrs=args.cidr or (), days=args.days)
     _print_issued(cert_path, key_path)
     return 0
 
@@ -230,6 +231,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         required=True,
         metavar="POOL",
         help="pool the agent may serve; required, repeat for several",
+    )
+    agent.add_argument(
+        "--cidr",
+        action="append",
+        metavar="CIDR",
+        help="layer 3: an IP range the agent may announce for its pools (urn:raven:cidr:), repeat for several; "
+        "the gateway routes only ranges both this list and its configuration allow",
     )
     _add_dir(agent, "directory holding the CA; the certificate is written there too")
     _add_days(agent, 365)

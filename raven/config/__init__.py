@@ -24,6 +24,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raven.errors import ConfigError
+from raven.layer3.config import AgentLayer3, GatewayLayer3
 from raven.protocol import wire
 
 
@@ -318,6 +319,7 @@ class GatewayConfig(_Model):
     config_watch_interval: Seconds = Field(
         5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",
     )
+    layer3: GatewayLayer3 = Field(GatewayLayer3(), description="IP between the cloud and the pools (docs/layer3.md)")
 
     @model_validator(mode="after")
     def _front_authenticated_unless_loopback(self) -> GatewayConfig:
@@ -414,6 +416,7 @@ class AgentConfig(_Model):
     limits: TunnelLimits = TunnelLimits()
     kubernetes: KubeSettings = KubeSettings()
     drain_grace: Seconds = 20.0
+    layer3: AgentLayer3 = Field(AgentLayer3(), description="IP for this pool over the tunnel (docs/layer3.md)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     config_watch_interval: Seconds = Field(
         5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",

@@ -7,6 +7,8 @@ names:
 * ``urn:raven:agent:<name>`` names the agent the certificate belongs to;
 * ``urn:raven:pool:<pool>`` (one per pool) lists the edge pools the agent may serve. The gateway
   refuses registrations of nodes outside these pools.
+* ``urn:raven:cidr:<cidr>`` (layer 3, optional, one per range) lists the IP ranges the agent may announce for
+  its pools; the gateway routes to a pool only ranges that both its configuration and the certificate allow.
 
 A gateway certificate is an ordinary TLS server certificate (serverAuth) valid for DNS names and IP
 addresses. An agent certificate is a TLS client certificate (clientAuth).
@@ -42,6 +44,7 @@ __all__ = [
     "AGENT_URI_PREFIX",
     "CA_CERT_FILE",
     "CA_KEY_FILE",
+    "CIDR_URI_PREFIX",
     "POOL_URI_PREFIX",
     "ROLES",
     "Identity",
@@ -53,6 +56,7 @@ __all__ = [
 ]
 
 POOL_URI_PREFIX = "urn:raven:pool:"
+CIDR_URI_PREFIX = "urn:raven:cidr:"
 AGENT_URI_PREFIX = "urn:raven:agent:"
 
 CA_CERT_FILE = "ca.pem"
@@ -83,6 +87,7 @@ class Identity:
     not_after: dt.datetime
     issuer: str
     fingerprint_sha256: str
+    cidrs: tuple[str, ...] = ()  # layer 3: ranges the agent may announce (urn:raven:cidr:)
 
     def is_valid_at(self, when: dt.datetime) -> bool:
         """True if ``when`` (timezone-aware) lies inside the certificate's validity window."""
@@ -107,6 +112,8 @@ class Identity:
             lines.append("                 (the gateway refuses registrations of nodes outside these pools)")
         elif self.role == "agent":
             lines.append("  May serve:     no pools (the gateway will refuse every node registration)")
+        if self.cidrs:
+            lines.append(f"  Layer 3:       may announce {', '.join(self.cidrs)}")
         if self.dns_names or self.ip_addresses or self.role == "gateway":
             names = [*self.dns_names, *self.ip_addresses]
             valid_for = ", ".join(names) if names else "(no DNS names or IP addresses)"
@@ -363,6 +370,13 @@ def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, _IssuerKey, Path, Path]:
 # Leaf certificates
 
 
+def _check_cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError:
+        raise PKIError(f"{value!r} is not a CIDR without host bits (e.g. 10.20.0.0/16)") from None
+
+
 def issue(
     ca_dir: Path,
     out_dir: Path,
@@ -372,6 +386,7 @@ def issue(
     pools: Sequence[str] = (),
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
+    cidrs: Sequence[str] = (),
     days: int = 365,
 ) -> tuple[Path, Path]:
     """Issue a gateway or agent certificate signed by the CA in ``ca_dir``.
@@ -388,8 +403,8 @@ def issue(
     sans: list[x509.GeneralName] = []
     if role == "gateway":
         _check_dns_name("gateway name", name, allow_wildcard=False)
-        if pools:
-            raise PKIError("pools apply to agent certificates only; a gateway certificate has no pools")
+        if pools or cidrs:
+            raise PKIError("pools and CIDRs apply to agent certificates only; a gateway certificate has none")
         dns = _dedupe(_check_dns_name("DNS name", d, allow_wildcard=True) for d in dns_names) or [name]
         ips = _dedupe(str(_check_ip(ip)) for ip in ip_addresses)
         sans.extend(x509.DNSName(d) for d in dns)
@@ -407,6 +422,7 @@ def issue(
             )
         sans.append(x509.UniformResourceIdentifier(AGENT_URI_PREFIX + name))
         sans.extend(x509.UniformResourceIdentifier(POOL_URI_PREFIX + p) for p in checked)
+        sans.extend(x509.UniformResourceIdentifier(CIDR_URI_PREFIX + c) for c in _dedupe(_check_cidr(c) for c in cidrs))
         eku = ExtendedKeyUsageOID.CLIENT_AUTH
     else:
         raise PKIError(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")
@@ -510,6 +526,7 @@ def _identity(cert: x509.Certificate) -> Identity:
 
     pools = tuple(_dedupe(u[len(POOL_URI_PREFIX) :] for u in uris if u.startswith(POOL_URI_PREFIX)))
     agents = [u[len(AGENT_URI_PREFIX) :] for u in uris if u.startswith(AGENT_URI_PREFIX)]
+    cidrs = tuple(_dedupe(u[len(CIDR_URI_PREFIX) :] for u in uris if u.startswith(CIDR_URI_PREFIX)))
     return Identity(
         common_name=_common_name(cert),
         role=role,
@@ -522,6 +539,7 @@ def _identity(cert: x509.Certificate) -> Identity:
         not_after=cert.not_valid_after_utc,
         issuer=cert.issuer.rfc4514_string(),
         fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
+        cidrs=cidrs,
     )
 
 

@@ -69,6 +69,13 @@ class ControlReceived:
 
 
 @dataclass(slots=True)
+class DatagramReceived:
+    """An IP packet arrived (layer 3)."""
+
+    packet: memoryview = field(repr=False)
+
+
+@dataclass(slots=True)
 class ProtocolViolation:
     """The peer sent something malformed; already answered (RESET or GOAWAY). For the log, rate-limited."""
 
@@ -92,6 +99,7 @@ Event = (
     | StreamAborted
     | StreamClosed
     | ControlReceived
+    | DatagramReceived
     | ProtocolViolation
     | SessionEnded
 )

@@ -26,6 +26,7 @@ from raven.protocol import wire
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
+    DatagramReceived,
     DataReceived,
     Event,
     HeadReceived,
@@ -116,6 +117,7 @@ class Session:
     """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids)."""
 
     BATCH_BUDGET: Final = 128 * 1024  # bytes of frames per batched message (every peer accepts 256 KiB)
+    DATAGRAM_QUEUE: Final = 256 * 1024  # bytes of layer-3 packets waiting to go; more are dropped, never queued
 
     def __init__(
         self,
@@ -146,6 +148,10 @@ class Session:
         self._last_peer_id = 0
         self._out: collections.deque[_Out] = collections.deque()
         self.pending_bytes = 0  # bytes queued and not yet taken by data_to_send()
+        # Layer-3 packets wait apart and go after the streams' frames, so that layer 7 keeps its latency.
+        self._datagrams: collections.deque[_Out] = collections.deque()
+        self._datagram_bytes = 0
+        self.datagrams_dropped = 0
         self._events: list[Event] = []
         self.closed = False
         self.close_reason = ""
@@ -200,6 +206,10 @@ class Session:
     def data_to_send(self) -> list[bytes]:
         """Every queued frame as WebSocket messages: one per frame in version 1, batched from version 2."""
         out = self._out
+        if self._datagrams:
+            out.extend(self._datagrams)
+            self._datagrams.clear()
+            self._datagram_bytes = 0
         if not out:
             return []
         self.pending_bytes = 0
@@ -316,6 +326,23 @@ class Session:
         if inc and st.remote is not Half.DONE:
             self._queue(wire.Window(stream_id, inc))
 
+    def send_datagram(self, packet: bytes | bytearray | memoryview) -> bool:
+        """Queue one IP packet (version 2 sessions). False: dropped, the queue is full or the packet too big."""
+        if self.closed or not self.batched or len(packet) > self.limits.max_data:
+            self.datagrams_dropped += 1
+            return False
+        size = wire.HEADER_SIZE + len(packet) + 4
+        if self._datagram_bytes + size > self.DATAGRAM_QUEUE:
+            self.datagrams_dropped += 1
+            return False
+        view = packet if isinstance(packet, memoryview) else memoryview(packet)
+        if not view.readonly:
+            view = memoryview(bytes(view))
+        self._datagrams.append((wire.datagram_header(len(view)), view))
+        self._datagram_bytes += size
+        self.pending_bytes += size
+        return True
+
     def send_control(self, frame: wire.ControlFrame) -> None:
         if not self.closed:
             self._queue(frame)
@@ -394,6 +421,9 @@ class Session:
         self.closed = True
         self.close_reason = reason
         self.close_code = code
+        self.pending_bytes -= self._datagram_bytes
+        self._datagrams.clear()
+        self._datagram_bytes = 0
         if goaway:
             self._queue(wire.GoAway(code, reason))
         events = self._events
@@ -458,6 +488,9 @@ class Session:
                 events.append(StreamClosed(frame.stream_id))
         elif isinstance(frame, wire.Open):
             self._on_open(frame)
+        elif isinstance(frame, wire.Datagram):
+            packet = frame.packet if isinstance(frame.packet, memoryview) else memoryview(frame.packet)
+            events.append(DatagramReceived(packet))
         elif isinstance(frame, wire.Ping):
             self._queue(wire.Pong(frame.opaque))
         elif isinstance(frame, wire.Pong):

@@ -48,6 +48,7 @@ _RESET_FIXED = struct.Struct("!H")  # code
 MAX_STREAM_ID = 2**32 - 1
 MAX_WINDOW_INCREMENT = 2**31 - 1
 MAX_REFUSAL_REASON = 300  # characters of one registration refusal's reason
+MAX_ROUTES = 1024  # CIDRs in one ROUTES frame
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z")
@@ -65,6 +66,8 @@ class FrameType(enum.IntEnum):
     PONG = 0x06
     DRAIN = 0x07
     GOAWAY = 0x08
+    DATAGRAM = 0x09  # layer 3: one IP packet, version 2 sessions only
+    ROUTES = 0x0A  # layer 3: the CIDRs a side announces (agent) or carries (gateway), JSON
     # stream frames, stream id > 0
     OPEN = 0x10
     HEAD = 0x11
@@ -84,6 +87,8 @@ CONTROL_TYPES = frozenset(
         FrameType.PONG,
         FrameType.DRAIN,
         FrameType.GOAWAY,
+        FrameType.DATAGRAM,
+        FrameType.ROUTES,
     }
 )
 _FIN_ALLOWED = frozenset({FrameType.OPEN, FrameType.HEAD, FrameType.DATA})
@@ -252,7 +257,24 @@ class Window:
     increment: int
 
 
-ControlFrame = Hello | Welcome | Register | Registered | Ping | Pong | Drain | GoAway
+@dataclass(frozen=True, slots=True)
+class Datagram:
+    """One IP packet (layer 3); dropped, never queued without bound, when the session is congested."""
+
+    packet: bytes | memoryview = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """Layer 3. Agent -> gateway: the CIDRs this agent announces for its pool (empty: it carries no layer 3).
+    Gateway -> agent: the CIDRs reachable through this session, and whether this agent is its pool's active one
+    (the one the gateway sends the pool's packets to)."""
+
+    cidrs: tuple[str, ...]
+    active: bool = False
+
+
+ControlFrame = Hello | Welcome | Register | Registered | Ping | Pong | Drain | GoAway | Datagram | Routes
 StreamFrame = Open | Head | Data | End | Reset | Window
 Frame = ControlFrame | StreamFrame
 
@@ -314,6 +336,11 @@ def data_header(stream_id: int, length: int, fin: bool, batched: bool) -> bytes:
     if batched:
         return _BATCHED_HEADER.pack(HEADER_SIZE + length, FrameType.DATA, flags, stream_id)
     return HEADER.pack(FrameType.DATA, flags, stream_id)
+
+
+def datagram_header(length: int) -> bytes:
+    """Length prefix and frame header of a DATAGRAM of ``length`` bytes (version 2)."""
+    return _BATCHED_HEADER.pack(HEADER_SIZE + length, FrameType.DATAGRAM, 0, 0)
 
 
 def length_prefix(frame_size: int) -> bytes:
@@ -415,6 +442,10 @@ def encode(frame: Frame) -> bytes:
         )
     if isinstance(frame, Drain):
         return _header(FrameType.DRAIN, 0, 0) + frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
+    if isinstance(frame, Datagram):
+        return _header(FrameType.DATAGRAM, 0, 0) + frame.packet
+    if isinstance(frame, Routes):
+        return _header(FrameType.ROUTES, 0, 0) + _json({"cidrs": list(frame.cidrs), "active": frame.active})
     if isinstance(frame, GoAway):
         reason = frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
         return _header(FrameType.GOAWAY, 0, 0) + _RESET_FIXED.pack(frame.code) + reason
@@ -517,6 +548,10 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
         if len(payload) > limits.max_reason:
             raise ProtocolError("DRAIN reason too long")
         return Drain(bytes(payload).decode("utf-8", "replace"))
+    if ftype == FrameType.DATAGRAM:
+        if not 0 < len(payload) <= limits.max_data:
+            raise ProtocolError(f"DATAGRAM of {len(payload)} bytes: must be 1..{limits.max_data}")
+        return Datagram(payload)
     if ftype == FrameType.GOAWAY:
         if not 2 <= len(payload) <= 2 + limits.max_reason:
             raise ProtocolError("GOAWAY payload has a bad length")
@@ -572,6 +607,14 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
                 raise ProtocolError("REGISTER: each node must be [name, address, pool]")
             out.append(NodeInfo(items[0], items[1], items[2]))
         return Register(tuple(out))
+    if ftype == FrameType.ROUTES:
+        cidrs = _str_list(obj.get("cidrs"), "ROUTES: 'cidrs'")
+        if len(cidrs) > MAX_ROUTES or any(len(c) > 64 for c in cidrs):
+            raise ProtocolError(f"ROUTES: at most {MAX_ROUTES} CIDRs of at most 64 characters")
+        active = obj.get("active", False)
+        if not isinstance(active, bool):
+            raise ProtocolError("ROUTES: field 'active' must be a boolean")
+        return Routes(tuple(cidrs), active)
     if ftype == FrameType.REGISTERED:
         accepted = _str_list(obj.get("accepted"), "REGISTERED: 'accepted'")
         refused_raw = obj.get("refused")

@@ -23,6 +23,7 @@ from raven.protocol import wire
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
+    DatagramReceived,
     DataReceived,
     Event,
     HeadReceived,
@@ -254,6 +255,7 @@ class Session:
         "loop",
         "name",
         "on_control",
+        "on_datagram",
         "on_open",
         "on_stream_closed",
         "sink",
@@ -295,6 +297,7 @@ class Session:
         )
         self.on_open = on_open
         self.on_control = on_control
+        self.on_datagram: Callable[[memoryview], None] | None = None
         self.on_stream_closed = on_stream_closed
         self.streams: dict[int, Stream] = {}
         self._writer_task: asyncio.Task[None] | None = None
@@ -484,6 +487,9 @@ class Session:
                 stream = streams.get(ev.stream_id)
                 if stream is not None:
                     stream._on_reset(StreamReset(ev.code, ev.reason, remote=ev.remote))
+            elif isinstance(ev, DatagramReceived):
+                if self.on_datagram is not None:
+                    self.on_datagram(ev.packet)
             elif isinstance(ev, ControlReceived):
                 if self.on_control is not None:
                     self.on_control(ev.frame)
@@ -530,6 +536,17 @@ class Session:
     def send_control(self, frame: wire.ControlFrame) -> None:
         self.core.send_control(frame)
         self._kick()
+
+    def send_datagram(self, packet: bytes | memoryview) -> bool:
+        """One IP packet (layer 3); False if it was dropped (queue full, too big, session closed or version 1)."""
+        if self._closed or not self.core.send_datagram(packet):
+            return False
+        self._kick()
+        return True
+
+    @property
+    def carries_datagrams(self) -> bool:
+        return self.core.batched and not self._closed
 
     # ------------------------------------------------------------ sending
 

@@ -155,12 +155,12 @@ def test_example_configs_show_every_setting(name: str, model: type[BaseModel]) -
     """deploy/examples/ cannot drift from the configuration model: every setting is there, set or commented,
     and nothing there is not a setting (a renamed field fails here)."""
     text = (ROOT / "deploy" / "examples" / f"{name}.yaml").read_text()
-    keys = set(re.findall(r"^\s*#?\s*-?\s*([a-z_]+):", text, re.MULTILINE))
+    keys = set(re.findall(r"^\s*#?\s*-?\s*([a-z_][a-z0-9_]*):", text, re.MULTILINE))
     settings = _setting_paths(model)
     missing = [p for p in settings if p.split(".")[-1] not in keys]
     assert not missing, f"deploy/examples/{name}.yaml does not show {missing}"
     leaves = {p.split(".")[-1] for p in settings}
-    unknown = {k for k in re.findall(r"^\s*-?\s*([a-z_]+):", text, re.MULTILINE)} - leaves
+    unknown = {k for k in re.findall(r"^\s*-?\s*([a-z_][a-z0-9_]*):", text, re.MULTILINE)} - leaves
     assert not unknown, f"deploy/examples/{name}.yaml has keys that are no setting: {sorted(unknown)}"
 
 

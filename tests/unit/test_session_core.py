@@ -6,6 +6,7 @@ import pytest
 
 from raven.protocol import handshake, wire
 from raven.protocol.events import (
+    DatagramReceived,
     DataReceived,
     HeadReceived,
     ProtocolViolation,
@@ -135,3 +136,27 @@ def test_a_mutable_buffer_is_copied_before_the_caller_can_reuse_it() -> None:
     buf[:] = b"xyz"  # the caller reuses its buffer before the writer runs
     events = relay(gw, ag)
     assert [bytes(e.data) for e in events if isinstance(e, DataReceived)] == [b"abc"]
+
+
+def test_datagrams_go_after_stream_frames_and_are_dropped_not_queued_when_full() -> None:
+    gw, ag = pair()
+    packet = b"E" + b"\x00" * 1399
+    sent = 0
+    while gw.send_datagram(packet):
+        sent += 1
+    assert 0 < sent * 1410 <= Session.DATAGRAM_QUEUE and gw.datagrams_dropped == 1
+    sid = gw.open_stream(op())  # queued after the packets, sent before them
+    events = relay(gw, ag)
+    assert isinstance(events[0], StreamOpened) and events[0].stream_id == sid
+    assert sum(isinstance(e, DatagramReceived) and bytes(e.packet) == packet for e in events) == sent
+    v1, _ = pair(version=1)
+    assert not v1.send_datagram(packet)  # version 1 sessions carry no layer 3
+
+
+def test_routes_frames_round_trip_and_hostile_ones_are_refused() -> None:
+    frame = wire.Routes(("10.20.0.0/16", "fd00::/64"), active=True)
+    assert wire.decode(wire.encode(frame)) == frame
+    with pytest.raises(wire.ProtocolError):
+        wire.decode(wire.HEADER.pack(wire.FrameType.ROUTES, 0, 0) + b'{"cidrs": ["x"], "active": 1}')
+    with pytest.raises(wire.ProtocolError):
+        wire.decode(wire.HEADER.pack(wire.FrameType.DATAGRAM, 0, 0))  # an empty packet
