@@ -9,6 +9,8 @@ The parts: parsing and checking a request (pure: request -> target or refusal) i
 registry.py; here, one request's life from opening a stream to its last byte (with the one retry), recorded in
 one :class:`Exchange` that is finished (metrics, the node's last scrape) in exactly one place; the CONNECT relay
 in tcprelay.py.
+
+Size: one request's life, from the checks through the stream to the last byte, read top to bottom.
 """
 
 from __future__ import annotations
