@@ -118,17 +118,15 @@ class Forwarder:
         self.metrics.streams.inc()
         # A RESET from the gateway (its client left, its deadline passed) cancels the work at once,
         # wherever it waits: for a slot, a connection, the response head, or the node's body.
-        watch = loop.create_task(self._cancel_on_reset(stream, task))
-        task.add_done_callback(lambda t: self._done(t, watch))
+        stream.on_finished(lambda s: self._cancel_on_reset(s, task))
+        task.add_done_callback(self._done)
 
     @staticmethod
-    async def _cancel_on_reset(stream: Stream, task: asyncio.Task[None]) -> None:
-        await stream.wait_finished()
+    def _cancel_on_reset(stream: Stream, task: asyncio.Task[None]) -> None:
         if stream.reset_error is not None and not task.done():
             task.cancel()
 
-    def _done(self, task: asyncio.Task[None], watch: asyncio.Task[None]) -> None:
-        watch.cancel()
+    def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         if not self.tasks:
             self.idle.set()
@@ -154,8 +152,9 @@ class Forwarder:
                                                   max_waiting=4 * self._connections_per_node)
         try:
             try:
-                async with asyncio.timeout(req.timeout):
-                    await slots.acquire(req.client)
+                if not slots.try_acquire(req.client):  # the common case takes a free slot without a timer
+                    async with asyncio.timeout(req.timeout):
+                        await slots.acquire(req.client)
             except QueueFull as exc:
                 self._refuse(stream, Refused("queue-full", f"node {node} is busy: {exc}", wire.ResetCode.LIMIT))
                 return
