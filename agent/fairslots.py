@@ -40,10 +40,16 @@ class FairSlots:
         self.active += 1
         self.held[key] = self.held.get(key, 0) + 1
 
-    async def acquire(self, key: str) -> None:
-        """Take a slot for ``key``; wait in ``key``'s queue when none is free (cancel the wait to leave)."""
+    def try_acquire(self, key: str) -> bool:
+        """Take a slot for ``key`` if one is free for it now, without waiting; say whether it did."""
         if self._may_take(key) and key not in self._queues:
             self._take(key)
+            return True
+        return False
+
+    async def acquire(self, key: str) -> None:
+        """Take a slot for ``key``; wait in ``key``'s queue when none is free (cancel the wait to leave)."""
+        if self.try_acquire(key):
             return
         if self.waiting >= self.max_waiting:
             raise QueueFull(f"{self.waiting} requests already waiting")

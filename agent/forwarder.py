@@ -17,10 +17,9 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
-
 from agent.checks import Policy, Refused, Request, check_open
 from agent.fairslots import FairSlots, QueueFull
+from agent.upstream import ConnectFailed, Response, ResponseBroken, UpstreamError, UpstreamPool
 from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
@@ -30,7 +29,8 @@ from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.agent.forwarder")
 
-def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> wire.Headers:
+
+def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
     out = []
     for name_b, value_b in raw:
         name = name_b.decode("latin-1")
@@ -38,23 +38,6 @@ def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> wire.Headers:
             continue
         out.append((name, value_b.decode("latin-1")))
     return tuple(out)
-
-
-class _UpstreamResponse(aiohttp.ClientResponse):
-    """A node's response whose connection is closed at once when its status cannot be passed on.
-
-    aiohttp hands a body-less response's connection back to its pool before the caller sees the status;
-    after an unsolicited 101 (or a status outside 100-599) that connection is in an unknown state and
-    must never carry the next request.
-    """
-
-    async def start(self, connection: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
-        protocol = connection.protocol
-        response = await super().start(connection)
-        if _odd_status(self.status) and protocol is not None:
-            protocol.force_close()
-            protocol.close()
-        return response
 
 
 class Forwarder:
@@ -78,7 +61,9 @@ class Forwarder:
         self.tasks: set[asyncio.Task[None]] = set()
         self.idle = asyncio.Event()
         self.idle.set()
-        self._client: aiohttp.ClientSession | None = None
+        # Keep-alive connections to the nodes: idle ones per node are bounded by its slots, which bound the busy
+        # ones (agent/upstream.py).
+        self._upstream = UpstreamPool(connect_timeout, max_idle=connections_per_node)
         self._connections_per_node = connections_per_node
         self._per_client = max(1, int(client_share * connections_per_node))
         self._slots: dict[str, FairSlots] = {}  # node -> its upstream slots (dropped when idle)
@@ -91,26 +76,10 @@ class Forwarder:
         self.connect_timeout = connect_timeout
         self._connections_per_node = connections_per_node
         self._per_client = max(1, int(client_share * connections_per_node))
+        self._upstream.connect_timeout = connect_timeout
+        self._upstream.max_idle = connections_per_node
         for slots in self._slots.values():
             slots.resize(connections_per_node, self._per_client)
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._client is None:
-            connector = aiohttp.TCPConnector(
-                limit=0,
-                limit_per_host=0,  # the fair slots bound each node's connections (and follow a reload)
-                keepalive_timeout=30,
-                ttl_dns_cache=30,
-            )
-            self._client = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                response_class=_UpstreamResponse,
-            )
-        return self._client
 
     async def close(self) -> None:
         for task in list(self.tasks):
@@ -118,9 +87,7 @@ class Forwarder:
         for task in list(self.tasks):
             with contextlib.suppress(BaseException):
                 await task
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self._upstream.close()
 
     async def wait_idle(self, grace: float) -> bool:
         """Wait until no stream is being served, up to ``grace`` seconds."""
@@ -151,17 +118,15 @@ class Forwarder:
         self.metrics.streams.inc()
         # A RESET from the gateway (its client left, its deadline passed) cancels the work at once,
         # wherever it waits: for a slot, a connection, the response head, or the node's body.
-        watch = loop.create_task(self._cancel_on_reset(stream, task))
-        task.add_done_callback(lambda t: self._done(t, watch))
+        stream.on_finished(lambda s: self._cancel_on_reset(s, task))
+        task.add_done_callback(self._done)
 
     @staticmethod
-    async def _cancel_on_reset(stream: Stream, task: asyncio.Task[None]) -> None:
-        await stream.wait_finished()
+    def _cancel_on_reset(stream: Stream, task: asyncio.Task[None]) -> None:
         if stream.reset_error is not None and not task.done():
             task.cancel()
 
-    def _done(self, task: asyncio.Task[None], watch: asyncio.Task[None]) -> None:
-        watch.cancel()
+    def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         if not self.tasks:
             self.idle.set()
@@ -187,8 +152,9 @@ class Forwarder:
                                                   max_waiting=4 * self._connections_per_node)
         try:
             try:
-                async with asyncio.timeout(req.timeout):
-                    await slots.acquire(req.client)
+                if not slots.try_acquire(req.client):  # the common case takes a free slot without a timer
+                    async with asyncio.timeout(req.timeout):
+                        await slots.acquire(req.client)
             except QueueFull as exc:
                 self._refuse(stream, Refused("queue-full", f"node {node} is busy: {exc}", wire.ResetCode.LIMIT))
                 return
@@ -227,28 +193,27 @@ class Forwarder:
         frame = stream.open
         start = time.monotonic()
         code = "error"
-        resp: aiohttp.ClientResponse | None = None
-        complete = False
+        resp: Response | None = None
         try:
             async with asyncio.timeout(req.timeout):
                 try:
-                    resp = await self._http().request(
+                    resp = await self._upstream.request(
+                        req.address,
+                        frame.port,
                         frame.method,
-                        req.url,
-                        headers=list(req.headers),
-                        data=None if frame.fin else self._request_body(stream),
-                        allow_redirects=False,
-                        compress=None,
+                        req.url.raw_path_qs,
+                        req.headers,
+                        None if frame.fin else self._request_body(stream),
                     )
-                except aiohttp.ClientConnectorError as exc:
+                except ConnectFailed as exc:
                     code = "connect-failed"
-                    why = _os_reason(exc.os_error, req.address)
+                    why = "timed out" if exc.os_error is None else _os_reason(exc.os_error, req.address)
                     self._log.warning(frame.node, "connect", "cannot connect to node %s at %s:%d: %s", frame.node,
                                       req.address, frame.port, why)
                     stream.reset(wire.ResetCode.CONNECT_FAILED,
                                  f"cannot connect to node {frame.node} port {frame.port}: {why}")
                     return
-                except (aiohttp.ClientError, ConnectionError) as exc:
+                except (UpstreamError, ConnectionError) as exc:
                     code = "connect-failed"
                     self._log.warning(frame.node, "request", "request to node %s at %s:%d failed: %s", frame.node,
                                       req.address, frame.port, _safe(exc))
@@ -261,23 +226,25 @@ class Forwarder:
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"node {frame.node} {odd}")
                     return
                 code = str(resp.status)
-                stream.send_head(resp.status, resp.reason or "", _response_headers(resp.raw_headers))
+                stream.send_head(resp.status, resp.reason, _response_headers(resp.headers))
                 sent = chunks = 0
-                length = resp.content_length if frame.method != "HEAD" else None
                 try:
-                    async for chunk in resp.content.iter_any():
-                        sent += len(chunk)
-                        chunks += 1
-                        # The chunk that completes a known length carries FIN: one frame less.
-                        await stream.write(chunk, end=length is not None and sent >= length)
-                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
+                    while True:
+                        chunk, last = await resp.read()
+                        if chunk:
+                            sent += len(chunk)
+                            chunks += 1
+                        # The last piece carries FIN: one frame less.
+                        await stream.write(chunk, end=last)
+                        if last:
+                            break
+                except (ResponseBroken, ConnectionError) as exc:
                     code = "broken"
                     log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN,
                                  f"response from {frame.node} broke after {sent} bytes: {_safe(exc, req.address)}")
                     return
                 stream.end()
-                complete = True
                 self.metrics.bytes.labels("from_node").inc(sent)
                 log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)
         except TimeoutError:
@@ -296,11 +263,8 @@ class Forwarder:
             stream.reset(wire.ResetCode.INTERNAL, f"agent error: {_safe(exc, req.address)}")
         finally:
             if resp is not None:
-                # A response not read to its end must not go back to the pool: close its connection.
-                if complete:
-                    resp.release()
-                else:
-                    resp.close()
+                # Back to the pool only when complete with keep-alive semantics; otherwise closed.
+                resp.release()
             self.metrics.requests.labels(frame.node, "http", code).inc()
             self.metrics.latency.labels(frame.node).observe(time.monotonic() - start)
 
@@ -393,8 +357,6 @@ def _safe(exc: BaseException, address: str = "") -> str:
     With ``address``, that internal address is masked (the text goes to the gateway and its clients).
     """
     text = str(exc).split("\n", 1)[0]
-    if isinstance(exc, aiohttp.ClientResponseError):
-        text = f"{exc.status} {exc.message}"
     if address:
         text = text.replace(address, "<node>")
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
@@ -410,7 +372,7 @@ def _os_reason(err: OSError, address: str) -> str:
 def _odd_status(status: int) -> str:
     """Why a final status from a node cannot be passed on ("" when it can).
 
-    aiohttp's client skips interim 100/102/103 responses itself; what reaches here as final is refused
+    The upstream client skips interim 1xx responses itself (agent/upstream.py); what reaches here as final is refused
     when it is a 1xx (101 Switching Protocols, never asked for: the agent forwards no Upgrade) or outside
     100-599, since a client would take it as a final answer and hang.
     """

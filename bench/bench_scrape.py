@@ -48,6 +48,8 @@ class Result:
     requests: int
     errors: str
     cpu_ms: float = float("nan")  # gateway + agent CPU per request (tunnel runs)
+    gateway_ms: float = float("nan")  # of which the gateway's
+    agent_ms: float = float("nan")  # of which the agents'
 
 
 def _ms(text: str) -> float:
@@ -150,10 +152,14 @@ async def main(args: argparse.Namespace) -> int:
                         prof_tasks.append((name, p, out))
             assert cluster.gateway is not None
             pids = [cluster.gateway.process.pid, *(a.process.pid for a in cluster.agents.values())]
-            cpu_before = sum(cpu_seconds(pid) for pid in pids)
+            cpu_before = [cpu_seconds(pid) for pid in pids]
             tunnel = await run_wrk(cluster.front_url + "/metrics", c, args.duration, script)
             result = parse_wrk("tunnel", c, tunnel)
-            result.cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu_before) * 1000 / max(1, result.requests)
+            used = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
+            per_req = 1000 / max(1, result.requests)
+            result.cpu_ms = sum(used) * per_req
+            result.gateway_ms = used[0] * per_req
+            result.agent_ms = sum(used[1:]) * per_req
             results.append(result)
             for name, p, path in prof_tasks:
                 await p.wait()
@@ -163,11 +169,11 @@ async def main(args: argparse.Namespace) -> int:
         await cluster.close()
         await exporter.close()
     print(f"\n{'mode':<7} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'cpu ms/req':>10}"
-          "  errors")
+          f" {'gateway':>8} {'agent':>8}  errors")
     for r in results:
         print(
             f"{r.mode:<7} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}"
-            f" {r.cpu_ms:>10.3f}  {r.errors}"
+            f" {r.cpu_ms:>10.3f} {r.gateway_ms:>8.3f} {r.agent_ms:>8.3f}  {r.errors}"
         )
     print()
     for c in args.concurrency:

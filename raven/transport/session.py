@@ -133,6 +133,13 @@ class Stream:
 
     # ------------------------------------------------------------ public API
 
+    def on_finished(self, callback: Callable[[Stream], None]) -> None:
+        """Call ``callback(stream)`` soon after the stream has finished (both ways ended, or reset by either side).
+
+        A callback instead of a task that awaits :meth:`wait_finished`: no task per stream for a watcher.
+        """
+        self._finished.add_done_callback(lambda _: callback(self))
+
     async def wait_finished(self) -> None:
         """Until the stream has ended both ways or was reset (by either side)."""
         await asyncio.shield(self._finished)
