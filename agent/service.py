@@ -18,6 +18,7 @@ import aiohttp
 
 from agent.checks import Policy
 from agent.forwarder import Forwarder
+from agent.layer3 import AgentLayer3
 from agent.targets import DialTarget, Resolution, resolve
 from raven import pki
 from raven.config import AgentConfig
@@ -103,6 +104,7 @@ class Agent:
             pool=self.pool,
             client_share=cfg.upstream_client_share,
         )
+        self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self._rng = random.Random()
         self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
@@ -235,6 +237,9 @@ class Agent:
                 log.info("gateway %s accepted %d node(s), refused %d", welcome.replica, len(frame.accepted),
                          len(frame.refused))
                 registered.set()
+            elif isinstance(frame, wire.Routes):
+                if self.layer3 is not None:
+                    self.layer3.on_routes(session, frame)
             elif isinstance(frame, wire.Drain):
                 # The gateway finishes its streams in flight, then closes; we redial after that.
                 log.info("gateway %s is draining: %s", welcome.replica, frame.reason)
@@ -254,6 +259,8 @@ class Agent:
             session.send_control(wire.Register(self.node_infos()))
         self.sessions.add(session)
         self.replica_sessions[welcome.replica] = session
+        if self.layer3 is not None:
+            self.layer3.attach(session)
         self.metrics.sessions.set(len(self.sessions))
         log.info(
             "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
@@ -262,6 +269,8 @@ class Agent:
         try:
             await session.run(messages(ws))
         finally:
+            if self.layer3 is not None:
+                self.layer3.detach(session)
             self.sessions.discard(session)
             if self.replica_sessions.get(welcome.replica) is session:
                 del self.replica_sessions[welcome.replica]
@@ -403,7 +412,14 @@ class Agent:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        ops = await start_ops_server(self.cfg.metrics_listen, self.metrics.registry, self.ready)
+        if self.layer3 is not None:
+            await self.layer3.start()
+        try:
+            ops = await start_ops_server(self.cfg.metrics_listen, self.metrics.registry, self.ready)
+        except BaseException:
+            if self.layer3 is not None:
+                await self.layer3.close()
+            raise
         self.reloader.start()
         if self.config_reloader is not None:
             self.config_reloader.start()
@@ -436,6 +452,8 @@ class Agent:
             if self.config_reloader is not None:
                 await self.config_reloader.stop()
             await ops.cleanup()
+            if self.layer3 is not None:
+                await self.layer3.close()
         log.info("agent %s stopped", self.name)
         return 0
 

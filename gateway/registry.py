@@ -29,6 +29,7 @@ class AgentSession:
     pools: frozenset[str]
     session: Session
     peer: str = ""
+    cidrs: tuple[str, ...] = ()  # layer 3: what the certificate lets the agent announce (urn:raven:cidr:)
     connected_at: float = field(default_factory=time.time)
     draining: bool = False
     nodes: set[str] = field(default_factory=set)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.auth import FrontAuth, TokenSet
+from gateway.layer3 import GatewayLayer3
 from gateway.proxy import Proxy
 from gateway.registry import RESERVED_NAMES, RESERVED_SUFFIXES, Registry
 from gateway.status import render_html, snapshot
@@ -82,6 +83,8 @@ class Gateway:
             log.warning("certificate %s does not list serverAuth: agents accept it only if it has no extended key "
                         "usage at all ('raven certs issue gateway' makes one that says so)", cfg.tls.cert)
         self.tunnel = TunnelEndpoint(cfg, self.registry, self.metrics)
+        self.layer3 = GatewayLayer3(cfg.layer3, self.metrics) if cfg.layer3.enabled else None
+        self.tunnel.layer3 = self.layer3
         self.reloader = CertReloader(
             cfg.tls, server=True, on_handshake_error=self.tunnel.tls_failed,
             on_loaded=lambda tls: set_cert_expiry(self.metrics.cert_expiry, expiries(tls, "gateway")),
@@ -262,10 +265,12 @@ class Gateway:
         return web.Response(status=denied.status, text=f"raven: {denied.reason}\n", headers=denied.headers)
 
     def status_snapshot(self) -> dict[str, Any]:
-        return snapshot(
+        snap = snapshot(
             replica=self.cfg.replica_id, replicas=self.cfg.replicas, started=self.started_wall, ready=self.ready(),
             draining=self.tunnel.draining, registry=self.registry, last=self.proxy.last,
         )
+        snap["layer3"] = self.layer3.status() if self.layer3 is not None else None
+        return snap
 
     async def status(self, _: web.Request) -> web.Response:
         return web.json_response(self.status_snapshot())
@@ -318,6 +323,8 @@ class Gateway:
         return web.json_response(groups)
 
     async def start(self) -> None:
+        if self.layer3 is not None:
+            await self.layer3.start()  # before the tunnel port takes sessions that announce CIDRs
         # The TLS handshake and the upgrade request each have handshake_timeout (the guard), then HELLO too.
         tunnel_app = web.Application(middlewares=[guard_middleware(self.tunnel_guard)])
         tunnel_app.router.add_get(self.cfg.tunnel.path, self.tunnel.handle)
@@ -411,9 +418,16 @@ class Gateway:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self.layer3 is not None:
+            await self.layer3.close()
 
     async def run(self) -> int:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            if self.layer3 is not None:  # the device, its routes and the sysctls go even when start fails
+                await self.layer3.close()
+            raise
         loop = asyncio.get_running_loop()
         drain_task: list[asyncio.Task[None]] = []
 

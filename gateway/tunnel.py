@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 from aiohttp import web
 
+from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession, Registry, refusal_label
 from raven import pki
 from raven.config import GatewayConfig
@@ -63,6 +64,7 @@ class TunnelEndpoint:
         self.empty_since: float | None = None
         self._tls_logged: dict[str, tuple[float, int]] = {}
         self._log = RateLimitedLog(log)
+        self.layer3: GatewayLayer3 | None = None  # set by the service when layer3.enabled
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
         self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
 
@@ -208,6 +210,12 @@ class TunnelEndpoint:
             agent_session = holder[0]
             if isinstance(frame, wire.Register):
                 self._on_register(agent_session, frame)
+            elif isinstance(frame, wire.Routes):
+                if self.layer3 is not None:
+                    self.layer3.on_routes(agent_session, frame)
+                else:
+                    self._log.info(agent_session.agent, "l3-off", "agent %s announced layer-3 CIDRs, but layer3 is "
+                                   "not enabled on this gateway: ignored", agent_session.agent)
             elif isinstance(frame, wire.Drain):
                 agent_session.draining = True
                 log.info("agent %s session %s is draining: %s", agent_session.agent,
@@ -227,7 +235,7 @@ class TunnelEndpoint:
             on_control=on_control,
             on_stream_closed=on_stream_closed,
         )
-        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer)
+        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=ident.cidrs)
         holder.append(agent_session)
         self.last_session_at = time.monotonic()
         self.empty_since = None
@@ -246,6 +254,8 @@ class TunnelEndpoint:
             await session.run(messages(ws))
         finally:
             self._cancel_pending(agent_session)
+            if self.layer3 is not None:
+                self.layer3.detach(agent_session)
             self.registry.remove_session(agent_session)
             if not self.registry.sessions:
                 self.empty_since = time.monotonic()

@@ -15,6 +15,7 @@ from raven import __version__
 from raven.cli import certs
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
+from raven.layer3 import noderoutes
 from raven.lograte import BoundedLines
 
 log = logging.getLogger("raven")
@@ -332,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.set_defaults(func=cmd_agent)
 
     certs.add_parser(sub)
+    noderoutes.add_parser(sub)
 
     def names_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--gateway", metavar="URL", help="a gateway's ops listener (e.g. http://raven-gateway:10265): "

@@ -36,6 +36,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from raven.errors import ConfigError, RavenError
 from raven.layer3.config import RoutesLayer3, parse
 from raven.layer3.errors import Layer3Error
+from raven.layer3.netlink import on_netlink_loop
 from raven.layer3.routes import Changes, Route, RouteManager, rules_for
 
 log = logging.getLogger("raven.layer3.noderoutes")
@@ -95,12 +96,16 @@ def settings(args: argparse.Namespace) -> RoutesLayer3:
 
 async def _is_local(address: str) -> bool:
     wanted = ipaddress.ip_address(address)
-    async with AsyncIPRoute() as ipr:
-        for msg in [m async for m in await ipr.addr("dump")]:
-            local = msg.get("address")
-            if local is not None and ipaddress.ip_address(local) == wanted:
-                return True
-    return False
+
+    async def dump() -> bool:
+        async with AsyncIPRoute() as ipr:
+            for msg in [m async for m in await ipr.addr("dump")]:
+                local = msg.get("address")
+                if local is not None and ipaddress.ip_address(local) == wanted:
+                    return True
+        return False
+
+    return await on_netlink_loop(dump)
 
 
 def _log(changes: Changes, verb: str) -> None:

@@ -24,11 +24,12 @@ Size: the wanted-state types, the reconcile of routes and of rules, and the sysc
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from raven.layer3 import netns as _netns
 from raven.layer3.config import RAVEN_PROTO, RAVEN_RULE_PRIORITY, RAVEN_TABLE
 from raven.layer3.errors import Layer3Error
+from raven.layer3.netlink import on_netlink_loop
 
 log = logging.getLogger("raven.layer3.routes")
 
@@ -122,9 +124,20 @@ class RouteManager:
         self.tables = frozenset(tables)
         self.netns = netns
         self.installed: dict[str, Route | Rule] = {}  # description -> what is in place now
+        self._lock: asyncio.Lock | None = None  # one netlink call at a time (each runs in a worker thread)
+
+    async def _serialised(self, fn: Callable[[], Coroutine[Any, Any, Changes]]) -> Changes:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            return await on_netlink_loop(fn)
 
     async def reconcile(self, routes: Iterable[Route], rules: Iterable[Rule]) -> Changes:
         """Make Raven's routes and rules exactly ``routes`` and ``rules``; see the module docstring."""
+        routes, rules = list(routes), list(rules)
+        return await self._serialised(lambda: self._reconcile(routes, rules))
+
+    async def _reconcile(self, routes: Iterable[Route], rules: Iterable[Rule]) -> Changes:
         changes = Changes()
         wanted_routes = sorted(set(routes))
         wanted_rules = sorted(set(rules))
@@ -137,6 +150,10 @@ class RouteManager:
     async def remove_all(self, rule_tables: Iterable[int] = ()) -> Changes:
         """Delete every route marked as Raven's and every rule looking up Raven's tables (those installed
         by this manager and ``rule_tables``)."""
+        rule_tables = list(rule_tables)
+        return await self._serialised(lambda: self._remove_all(rule_tables))
+
+    async def _remove_all(self, rule_tables: Iterable[int]) -> Changes:
         changes = Changes()
         tables = set(rule_tables) | {r.table for r in self.installed.values() if isinstance(r, Rule)}
         async with AsyncIPRoute(netns=self.netns) as ipr:

@@ -45,6 +45,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from raven.layer3 import netns as _netns
 from raven.layer3.errors import Layer3Error
+from raven.layer3.netlink import on_netlink_loop
 from raven.layer3.policy import Drop
 
 log = logging.getLogger("raven.layer3.tun")
@@ -196,38 +197,44 @@ class TunDevice:
             raise Layer3Error(f"MTU {mtu} is outside 68..65535")
         want = _interfaces(addresses)
         where = f" in network namespace {netns}" if netns else ""
-        async with AsyncIPRoute(netns=netns) as ipr:
-            existing = await _link(ipr, name)
-            if existing is not None and _kind(existing) != "tun":
-                raise Layer3Error(
-                    f"device {name}{where} exists and is a {_kind(existing) or 'device of unknown kind'}, not a TUN: "
-                    "Raven does not delete it; remove it or choose another layer3.device"
-                )
-            try:
-                fd = _netns.call_in(netns, lambda: _attach(name))
-            except OSError as exc:
-                if exc.errno == errno.EBUSY:
+
+        async def setup() -> tuple[int, int, bool]:
+            async with AsyncIPRoute(netns=netns) as ipr:
+                existing = await _link(ipr, name)
+                if existing is not None and _kind(existing) != "tun":
                     raise Layer3Error(
-                        f"TUN device {name}{where} is in use by another process (is another Raven running?)"
-                    ) from None
-                if exc.errno != errno.EINVAL or existing is None:
-                    raise Layer3Error(f"cannot create TUN device {name}{where}: {exc.strerror}") from None
-                # A TAP, or a TUN with other flags (multi-queue): left over, not usable: replace it.
-                log.warning("layer3: replacing device %s%s (a TUN/TAP that cannot be attached as IFF_TUN)", name, where)
-                await ipr.link("del", index=existing["index"])
-                existing = None
+                        f"device {name}{where} exists and is a {_kind(existing) or 'device of unknown kind'}, "
+                        "not a TUN: Raven does not delete it; remove it or choose another layer3.device"
+                    )
                 try:
                     fd = _netns.call_in(netns, lambda: _attach(name))
-                except OSError as exc2:
-                    raise Layer3Error(f"cannot create TUN device {name}{where}: {exc2.strerror}") from None
-            try:
-                index = await _reconcile_link(ipr, name, want, mtu, netns)
-            except BaseException as exc:
-                os.close(fd)
-                if isinstance(exc, NetlinkError | OSError):
-                    raise Layer3Error(f"cannot set up TUN device {name}{where}: {exc}") from None
-                raise
-        device = cls(name, fd, index, mtu, netns, reused=existing is not None)
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY:
+                        raise Layer3Error(
+                            f"TUN device {name}{where} is in use by another process (is another Raven running?)"
+                        ) from None
+                    if exc.errno != errno.EINVAL or existing is None:
+                        raise Layer3Error(f"cannot create TUN device {name}{where}: {exc.strerror}") from None
+                    # A TAP, or a TUN with other flags (multi-queue): left over, not usable: replace it.
+                    log.warning("layer3: replacing device %s%s (a TUN/TAP that cannot be attached as IFF_TUN)",
+                                name, where)
+                    await ipr.link("del", index=existing["index"])
+                    existing = None
+                    try:
+                        fd = _netns.call_in(netns, lambda: _attach(name))
+                    except OSError as exc2:
+                        raise Layer3Error(f"cannot create TUN device {name}{where}: {exc2.strerror}") from None
+                try:
+                    index = await _reconcile_link(ipr, name, want, mtu, netns)
+                except BaseException as exc:
+                    os.close(fd)
+                    if isinstance(exc, NetlinkError | OSError):
+                        raise Layer3Error(f"cannot set up TUN device {name}{where}: {exc}") from None
+                    raise
+            return fd, index, existing is not None
+
+        fd, index, reused = await on_netlink_loop(setup)
+        device = cls(name, fd, index, mtu, netns, reused=reused)
         log.info(
             "layer3: %s TUN device %s%s (index %d, mtu %d, addresses %s)",
             "reused" if device.reused else "created", name, where, index, mtu,
@@ -317,12 +324,15 @@ class TunDevice:
         self._closed = True
         self.stop()
         os.close(self.fd)
-        try:
+        async def delete_if_left() -> None:
             async with AsyncIPRoute(netns=self.netns) as ipr:
                 left = await ipr.link_lookup(ifname=self.name)
                 if left:
                     await ipr.link("del", index=left[0])
                     log.info("layer3: deleted TUN device %s (it had been made persistent)", self.name)
+
+        try:
+            await on_netlink_loop(delete_if_left)
         except (NetlinkError, OSError) as exc:
             log.warning("layer3: could not check that TUN device %s is gone: %s", self.name, exc)
             return

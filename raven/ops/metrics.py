@@ -53,6 +53,22 @@ class GatewayMetrics:
             "Front-end requests and connections refused by a limit or a check, by reason (a fixed word)",
             ["reason"], registry=r,
         )
+        self.l3_packets = Counter(
+            "raven_gateway_layer3_packets", "Layer-3 packets forwarded, by pool and direction (to_pool, from_pool)",
+            ["pool", "direction"], registry=r,
+        )
+        self.l3_bytes = Counter(
+            "raven_gateway_layer3_bytes", "Layer-3 bytes forwarded, by pool and direction (to_pool, from_pool)",
+            ["pool", "direction"], registry=r,
+        )
+        self.l3_drops = Counter(
+            "raven_gateway_layer3_drops", "Layer-3 packets dropped, by reason (spoofed, no-route, queue-full, "
+            "too-big, edge-to-edge-denied, malformed)", ["reason"], registry=r,
+        )
+        self.l3_active = Gauge(
+            "raven_gateway_layer3_active_agent", "1 for the agent that carries its pool's layer-3 traffic",
+            ["pool", "agent"], registry=r,
+        )
 
 
 class AgentMetrics:
@@ -74,4 +90,16 @@ class AgentMetrics:
             "raven_agent_bytes", "Body bytes forwarded, by direction (to_node, from_node)", ["direction"], registry=r
         )
         self.refused = Counter("raven_agent_refused_streams", "Streams refused by the agent", ["reason"], registry=r)
+        self.l3_packets = Counter(
+            "raven_agent_layer3_packets", "Layer-3 packets, by direction (to_gateway, from_gateway)", ["direction"],
+            registry=r,
+        )
+        self.l3_bytes = Counter(
+            "raven_agent_layer3_bytes", "Layer-3 bytes, by direction (to_gateway, from_gateway)", ["direction"],
+            registry=r,
+        )
+        self.l3_drops = Counter("raven_agent_layer3_drops", "Layer-3 packets dropped, by reason", ["reason"],
+                                registry=r)
+        self.l3_active = Gauge("raven_agent_layer3_active", "1 while a gateway sends this agent its pool's packets",
+                               registry=r)
         self.cert_expiry = cert_expiry_gauge(r)

@@ -272,6 +272,7 @@ class Routes:
 
     cidrs: tuple[str, ...]
     active: bool = False
+    pool: str = ""  # agent -> gateway: the pool the CIDRs belong to (one of its certificate's)
 
 
 ControlFrame = Hello | Welcome | Register | Registered | Ping | Pong | Drain | GoAway | Datagram | Routes
@@ -445,7 +446,8 @@ def encode(frame: Frame) -> bytes:
     if isinstance(frame, Datagram):
         return _header(FrameType.DATAGRAM, 0, 0) + frame.packet
     if isinstance(frame, Routes):
-        return _header(FrameType.ROUTES, 0, 0) + _json({"cidrs": list(frame.cidrs), "active": frame.active})
+        return _header(FrameType.ROUTES, 0, 0) + _json({"cidrs": list(frame.cidrs), "active": frame.active,
+                                                          "pool": frame.pool})
     if isinstance(frame, GoAway):
         reason = frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
         return _header(FrameType.GOAWAY, 0, 0) + _RESET_FIXED.pack(frame.code) + reason
@@ -612,9 +614,10 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
         if len(cidrs) > MAX_ROUTES or any(len(c) > 64 for c in cidrs):
             raise ProtocolError(f"ROUTES: at most {MAX_ROUTES} CIDRs of at most 64 characters")
         active = obj.get("active", False)
-        if not isinstance(active, bool):
-            raise ProtocolError("ROUTES: field 'active' must be a boolean")
-        return Routes(tuple(cidrs), active)
+        pool = obj.get("pool", "")
+        if not isinstance(active, bool) or not isinstance(pool, str) or len(pool) > 63:
+            raise ProtocolError("ROUTES: 'active' must be a boolean and 'pool' a name")
+        return Routes(tuple(cidrs), active, pool)
     if ftype == FrameType.REGISTERED:
         accepted = _str_list(obj.get("accepted"), "REGISTERED: 'accepted'")
         refused_raw = obj.get("refused")

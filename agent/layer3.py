@@ -1,0 +1,178 @@
+"""The agent's layer 3: its pool's IP packets between its TUN device and the gateway replicas' sessions.
+
+The agent announces its CIDRs (ROUTES) on every session. A gateway answers with what is reachable through it (the
+cloud's CIDRs, and other pools where allowed) and whether this agent is the pool's **active** one. While some
+gateway says active, the agent routes those CIDRs through its device (so that the pool's nodes reach the cloud
+through it); when none does, the routes go, and another agent of the pool carries the traffic.
+
+The agent trusts its gateway no further than it must: a packet from a gateway is written to the device only if its
+destination lies in the agent's own CIDRs (the agent is no router into anything else of the edge network), and a
+packet read from the device goes up only if its source is the pool's and its destination is one the gateway said
+it reaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from raven.layer3 import policy as l3policy
+from raven.layer3.config import AgentLayer3 as Layer3Config
+from raven.layer3.policy import Drop, Policy
+from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
+from raven.layer3.tun import TunDevice
+from raven.ops.metrics import AgentMetrics
+from raven.protocol import wire
+from raven.transport.session import Session
+
+log = logging.getLogger("raven.agent.layer3")
+MAIN_TABLE = 254
+
+
+class AgentLayer3:
+    def __init__(self, cfg: Layer3Config, pool: str, metrics: AgentMetrics) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.metrics = metrics
+        self.device: TunDevice | None = None
+        self.routes = RouteManager([MAIN_TABLE])
+        self.sysctls = Sysctls()
+        self.sessions: dict[Session, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
+        self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
+        self.policy = Policy((), {pool: cfg.cidrs})
+        self._to_device: list[memoryview] = []
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._installed: tuple[str, ...] = ()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        cfg = self.cfg
+        self.device = await TunDevice.open(cfg.device, addresses=cfg.addresses, mtu=cfg.mtu)
+        if cfg.manage_sysctls:
+            ipv6 = any(":" in a for a in (*cfg.addresses, *cfg.cidrs))
+            for key, value in forwarding_sysctls(cfg.device, ipv6):
+                self.sysctls.ensure(key, value)  # logged there; restored on exit where Raven changed it
+        await self.routes.reconcile([], [])  # a restart after a crash: Raven's stale routes go
+        self.device.start(self._from_device, cfg.batch)
+        log.info("layer3: device %s up; announcing %s for pool %s", cfg.device, ", ".join(cfg.cidrs), self.pool)
+
+    async def close(self) -> None:
+        if self.device is None:
+            return
+        self.device.stop()
+        changes = await self.routes.remove_all()
+        for line in changes.removed:
+            log.info("layer3: removed %s", line)
+        self.sysctls.restore()  # logged there
+        await self.device.close()
+        self.device = None
+        self.metrics.l3_active.set(0)
+
+    # ------------------------------------------------------------ sessions
+
+    def attach(self, session: Session) -> None:
+        """A new session: take its packets and announce this pool's CIDRs."""
+        if not session.carries_datagrams:
+            log.warning("layer3: session %s speaks protocol version 1 (no layer 3): not announcing", session.name)
+            return
+        self.sessions[session] = ((), False)
+        session.on_datagram = self._from_gateway
+        session.send_control(wire.Routes(tuple(self.cfg.cidrs), pool=self.pool))
+
+    def detach(self, session: Session) -> None:
+        if self.sessions.pop(session, None) is not None:
+            self._recompute()
+
+    def on_routes(self, session: Session, frame: wire.Routes) -> None:
+        if session not in self.sessions:
+            return
+        reachable: list[str] = []
+        for cidr in frame.cidrs[: wire.MAX_ROUTES]:
+            try:
+                net = l3policy.network(cidr)
+            except (l3policy.PolicyError, ValueError):
+                log.warning("layer3: gateway %s sent a bad CIDR %r: ignored", session.name, cidr[:64])
+                continue
+            if any(net.overlaps(own) for own in self.policy.allowed(self.pool)):
+                log.warning("layer3: gateway %s offers %s, which overlaps this pool's own CIDRs: ignored",
+                            session.name, net)
+                continue
+            reachable.append(str(net))
+        was = self.sessions[session][1]
+        self.sessions[session] = (tuple(reachable), frame.active)
+        if frame.active != was:
+            log.info("layer3: gateway %s %s this agent to carry pool %s (reaches %s)", session.name,
+                     "chose" if frame.active else "no longer chooses", self.pool, ", ".join(reachable) or "nothing")
+        self._recompute()
+
+    def _recompute(self) -> None:
+        active = [(s, r) for s, (r, a) in self.sessions.items() if a and not s.closed]
+        self.carrier = active[0][0] if active else None
+        reachable = tuple(sorted({c for _, r in active for c in r}))
+        try:
+            self.policy = Policy(reachable, {self.pool: self.cfg.cidrs})
+        except l3policy.PolicyError as exc:
+            log.error("layer3: cannot use the gateways' routes (%s): keeping the previous ones", exc)
+            return
+        self.metrics.l3_active.set(1 if active else 0)
+        if reachable != self._installed and self._loop is not None and self.device is not None:
+            self._installed = reachable
+            self._loop.create_task(self._install(reachable))
+
+    async def _install(self, cidrs: tuple[str, ...]) -> None:
+        wanted = [Route(c, table=MAIN_TABLE, device=self.cfg.device) for c in cidrs]
+        changes = await self.routes.reconcile(wanted, [])
+        for line in changes.added:
+            log.info("layer3: installed %s", line)
+        for line in changes.removed:
+            log.info("layer3: withdrew %s", line)
+        for line in changes.failed:
+            log.error("layer3: could not change route: %s", line)
+
+    # ------------------------------------------------------------ packets
+
+    def _drop(self, reason: Drop, n: int = 1) -> None:
+        self.metrics.l3_drops.labels(reason.value).inc(n)
+
+    def _from_device(self, packets: list[bytes]) -> None:
+        """Packets of the pool's nodes for the cloud: up the carrying session, if the policy lets them."""
+        carrier = self.carrier
+        sent = size = 0
+        for packet in packets:
+            verdict = self.policy.from_pool(self.pool, packet)
+            if verdict.drop is not None:
+                self._drop(verdict.drop)
+            elif carrier is None:
+                self._drop(Drop.NO_ROUTE)
+            elif carrier.send_datagram(packet):
+                sent += 1
+                size += len(packet)
+            else:
+                self._drop(Drop.QUEUE_FULL if len(packet) <= self.cfg.mtu else Drop.TOO_BIG)
+        if sent:
+            self.metrics.l3_packets.labels("to_gateway").inc(sent)
+            self.metrics.l3_bytes.labels("to_gateway").inc(size)
+
+    def _from_gateway(self, packet: memoryview) -> None:
+        verdict = self.policy.from_cloud(packet)
+        if verdict.drop is not None:
+            self._drop(verdict.drop)  # not for this pool's CIDRs: this agent routes nothing else
+            return
+        self._to_device.append(packet)  # a view into the received message, alive until the flush
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        packets, self._to_device = self._to_device, []
+        if self.device is None or not packets:
+            return
+        self.metrics.l3_packets.labels("from_gateway").inc(len(packets))
+        self.metrics.l3_bytes.labels("from_gateway").inc(sum(map(len, packets)))
+        before = dict(self.device.stats.drops)
+        self.device.write_batch(packets)
+        for reason, n in self.device.stats.drops.items():
+            if n > before.get(reason, 0):
+                self._drop(reason, n - before.get(reason, 0))

@@ -1,0 +1,273 @@
+"""The gateway's layer 3: IP between its TUN device and the pools' active agents, as datagrams in the sessions.
+
+- Each agent announces its pool's CIDRs (ROUTES). Of every pool's candidates one is **active**: the gateway sends
+  the pool's packets to it alone and tells it so (ROUTES with ``active``, carrying the cloud's CIDRs and the pools
+  it may reach). When the active session ends, the next candidate of the pool is promoted at once.
+- What is routed to a pool is its configured CIDRs ∩ the active agent's certificate (``urn:raven:cidr:``) ∩ what it
+  announced; routes to those go through the device (installed while the pool has an active agent).
+- A packet from a pool must come from that pool's routed CIDRs (else dropped as ``spoofed``); its destination is
+  the cloud (written to the device) or, where the pair is allowed, another pool's active agent.
+- Packets read from the device in one loop turn go as one batch; a congested session drops them (``queue-full``):
+  IP semantics, never back-pressure on layer 7.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from gateway.registry import AgentSession
+from raven.layer3 import policy as l3policy
+from raven.layer3.config import GatewayLayer3 as Layer3Config
+from raven.layer3.policy import CLOUD, Drop, Policy, intersect
+from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
+from raven.layer3.tun import TunDevice
+from raven.lograte import RateLimitedLog
+from raven.ops.metrics import GatewayMetrics
+from raven.protocol import wire
+
+log = logging.getLogger("raven.gateway.layer3")
+MAIN_TABLE = 254
+
+
+class Candidate:
+    """An agent session that announced layer-3 CIDRs for a pool."""
+
+    __slots__ = ("agent", "allowed", "announced", "pool")
+
+    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str]) -> None:
+        self.agent = agent
+        self.pool = pool
+        self.announced = announced
+        self.allowed = allowed  # announced ∩ certificate (the configuration is applied by the policy)
+
+
+class GatewayLayer3:
+    def __init__(self, cfg: Layer3Config, metrics: GatewayMetrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.device: TunDevice | None = None
+        self.routes = RouteManager([MAIN_TABLE])
+        self.sysctls = Sysctls()
+        self.candidates: dict[str, list[Candidate]] = collections.defaultdict(list)  # pool -> in arrival order
+        self.active: dict[str, Candidate] = {}
+        self.policy: Policy = cfg.policy({})
+        self._to_device: list[memoryview] = []
+        self._from_pools: dict[str, list[int]] = {}  # packets and bytes per pool in this loop turn
+        self._flush_scheduled = False
+        self._log = RateLimitedLog(log)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        cfg = self.cfg
+        self.device = await TunDevice.open(cfg.device, addresses=cfg.addresses, mtu=cfg.mtu)
+        if cfg.manage_sysctls:
+            ipv6 = any(":" in a for a in cfg.addresses)
+            for key, value in forwarding_sysctls(cfg.device, ipv6):
+                self.sysctls.ensure(key, value)  # logged there; restored on exit where Raven changed it
+        await self.routes.reconcile([], [])  # a restart after a crash: Raven's stale routes go
+        self.device.start(self._from_device, cfg.batch)
+        log.info("layer3: device %s up; pools %s; cloud CIDRs %s", cfg.device, ", ".join(sorted(cfg.pools)) or "none",
+                 ", ".join(cfg.cloud_cidrs) or "none")
+
+    async def close(self) -> None:
+        if self.device is None:
+            return
+        self.device.stop()
+        changes = await self.routes.remove_all()
+        for line in changes.removed:
+            log.info("layer3: removed %s", line)
+        self.sysctls.restore()  # logged there
+        await self.device.close()
+        self.device = None
+        for pool, cand in list(self.active.items()):
+            self.metrics.l3_active.labels(pool, cand.agent.agent).set(0)
+        self.active.clear()
+
+    # ------------------------------------------------------------ sessions
+
+    def on_routes(self, agent: AgentSession, frame: wire.Routes) -> None:
+        """An agent announced (or withdrew, with no CIDRs) its pool's CIDRs."""
+        self.detach(agent, quiet=True)
+        if not frame.cidrs:
+            return
+        pool = frame.pool
+        if pool not in agent.pools:
+            self._refuse(agent, f"pool {pool!r} is not in its certificate (pools {', '.join(sorted(agent.pools))})")
+            return
+        if pool not in self.cfg.pools:
+            self._refuse(agent, f"pool {pool!r} has no layer3.pools entry in the gateway's configuration")
+            return
+        if not agent.session.carries_datagrams:
+            self._refuse(agent, "its session speaks protocol version 1, which carries no layer 3")
+            return
+        try:
+            announced = [str(n) for n in l3policy.collapse(l3policy.network(c) for c in frame.cidrs)]
+        except (l3policy.PolicyError, ValueError) as exc:
+            self._refuse(agent, f"bad CIDR in its announcement: {exc}")
+            return
+        allowed = [str(n) for n in intersect(announced, agent.cidrs)]
+        if not allowed:
+            self._refuse(agent, f"none of {', '.join(announced)} is allowed by its certificate "
+                                f"(urn:raven:cidr: {', '.join(agent.cidrs) or 'none'}; reissue with --cidr)")
+            return
+        agent.session.on_datagram = lambda packet, a=agent, p=pool: self._from_agent(a, p, packet)
+        self.candidates[pool].append(Candidate(agent, pool, announced, allowed))
+        log.info("layer3: agent %s (session %s) announced %s for pool %s", agent.agent, agent.session_id[:8],
+                 ", ".join(announced), pool)
+        if pool not in self.active:
+            self._elect(pool)
+        else:
+            self._tell(self.candidates[pool][-1], active=False)
+
+    def detach(self, agent: AgentSession, quiet: bool = False) -> None:
+        """The session ended (or re-announced): drop it; promote another agent if it was its pool's active one."""
+        for pool, cands in list(self.candidates.items()):
+            kept = [c for c in cands if c.agent is not agent]
+            if len(kept) == len(cands):
+                continue
+            self.candidates[pool] = kept
+            current = self.active.get(pool)
+            if current is not None and current.agent is agent:
+                del self.active[pool]
+                self.metrics.l3_active.labels(pool, agent.agent).set(0)
+                if not quiet:
+                    log.warning("layer3: active agent %s of pool %s is gone (%s)", agent.agent, pool,
+                                agent.session.close_reason or "session ended")
+                self._elect(pool)
+
+    def _refuse(self, agent: AgentSession, reason: str) -> None:
+        self._log.warning(agent.agent, "l3-refused", "layer3: not routing for agent %s: %s", agent.agent, reason)
+
+    def _elect(self, pool: str) -> None:
+        usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
+        if usable:
+            chosen = usable[0]
+            self.active[pool] = chosen
+            self.metrics.l3_active.labels(pool, chosen.agent.agent).set(1)
+            log.info("layer3: agent %s (session %s) now carries pool %s (%s)", chosen.agent.agent,
+                     chosen.agent.session_id[:8], pool, ", ".join(chosen.allowed))
+            self._tell(chosen, active=True)
+        else:
+            log.warning("layer3: pool %s has no agent for layer 3: its routes are withdrawn", pool)
+        self._rebuild()
+
+    def _reachable(self, pool: str) -> list[str]:
+        """What an agent of ``pool`` may reach through this gateway: the cloud and the allowed pools."""
+        out = [str(n) for n in self.policy.cloud]
+        for a, b in self.policy.pairs:
+            if a == pool:
+                out += [str(n) for n in self.policy.allowed(b)]
+        return out
+
+    def _tell(self, cand: Candidate, active: bool) -> None:
+        cand.agent.session.send_control(wire.Routes(tuple(self._reachable(cand.pool)), active=active))
+
+    def _rebuild(self) -> None:
+        try:
+            self.policy = self.cfg.policy({p: c.allowed for p, c in self.active.items()})
+        except l3policy.PolicyError as exc:
+            log.error("layer3: routing policy refused (%s); keeping the previous one", exc)
+            return
+        if self._loop is not None and self.device is not None:
+            self._loop.create_task(self._install())
+        for cand in self.active.values():  # reachable pools may have changed with the policy
+            self._tell(cand, active=True)
+
+    async def _install(self) -> None:
+        if self.device is None:
+            return
+        wanted = [Route(str(n), table=MAIN_TABLE, device=self.cfg.device)
+                  for pool in self.active for n in self.policy.allowed(pool)]
+        changes = await self.routes.reconcile(wanted, [])
+        for line in changes.added:
+            log.info("layer3: installed %s", line)
+        for line in changes.removed:
+            log.info("layer3: withdrew %s", line)
+        for line in changes.failed:
+            log.error("layer3: could not change route: %s", line)
+
+    # ------------------------------------------------------------ packets
+
+    def _drop(self, reason: Drop, n: int = 1) -> None:
+        self.metrics.l3_drops.labels(reason.value).inc(n)
+
+    def _from_device(self, packets: list[bytes]) -> None:
+        """One loop turn's packets from the cloud side: to each destination pool's active agent."""
+        policy = self.policy
+        counts: dict[str, list[int]] = {}
+        for packet in packets:
+            verdict = policy.from_cloud(packet)
+            if verdict.drop is not None:
+                self._drop(verdict.drop)
+                continue
+            pool = verdict.target
+            assert pool is not None
+            cand = self.active.get(pool)
+            if cand is None:
+                self._drop(Drop.NO_ROUTE)
+            elif cand.agent.session.send_datagram(packet):
+                c = counts.setdefault(pool, [0, 0])
+                c[0] += 1
+                c[1] += len(packet)
+            else:
+                self._drop(Drop.QUEUE_FULL if len(packet) <= self.cfg.mtu else Drop.TOO_BIG)
+        for pool, (n, size) in counts.items():
+            self.metrics.l3_packets.labels(pool, "to_pool").inc(n)
+            self.metrics.l3_bytes.labels(pool, "to_pool").inc(size)
+
+    def _from_agent(self, agent: AgentSession, pool: str, packet: memoryview) -> None:
+        """A packet from an agent of ``pool``: checked against the pool, then to the cloud or an allowed pool."""
+        verdict = self.policy.from_pool(pool, packet)
+        if verdict.drop is not None:
+            self._drop(verdict.drop)
+            return
+        counts = self._from_pools.setdefault(pool, [0, 0])
+        counts[0] += 1
+        counts[1] += len(packet)
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        if verdict.target == CLOUD:
+            self._to_device.append(packet)  # a view into the received message, alive until the flush
+            return
+        cand = self.active.get(verdict.target or "")
+        if cand is None or not cand.agent.session.send_datagram(packet):
+            self._drop(Drop.NO_ROUTE if cand is None else Drop.QUEUE_FULL)
+
+    def _flush(self) -> None:
+        """Everything that arrived for the cloud in this loop turn, written in one go; counted once."""
+        self._flush_scheduled = False
+        for pool, (n, size) in self._from_pools.items():
+            self.metrics.l3_packets.labels(pool, "from_pool").inc(n)
+            self.metrics.l3_bytes.labels(pool, "from_pool").inc(size)
+        self._from_pools.clear()
+        packets, self._to_device = self._to_device, []
+        if self.device is None or not packets:
+            return
+        before = dict(self.device.stats.drops)
+        self.device.write_batch(packets)
+        for reason, n in self.device.stats.drops.items():
+            if n > before.get(reason, 0):
+                self._drop(reason, n - before.get(reason, 0))
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "device": self.cfg.device,
+            "pools": {
+                pool: {
+                    "active": self.active[pool].agent.agent if pool in self.active else None,
+                    "routed": [str(n) for n in self.policy.allowed(pool)],
+                    "candidates": [c.agent.agent for c in self.candidates.get(pool, [])],
+                }
+                for pool in sorted(self.cfg.pools)
+            },
+            "device_stats": self.device.stats.as_dict() if self.device is not None else None,
+        }
