@@ -35,7 +35,7 @@ class AgentLayer3:
         self.pool = pool
         self.metrics = metrics
         self.device: TunDevice | None = None
-        self.routes = RouteManager([MAIN_TABLE])
+        self.routes = RouteManager([MAIN_TABLE], devices=[cfg.device])  # its own device's routes only
         self.sysctls = Sysctls()
         self.sessions: dict[Session, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
         self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
