@@ -64,6 +64,7 @@ GATEWAY_OPS = f"http://{OBSERVER_IP}:10265"
 FRONT = f"http://{OBSERVER_IP}:9400"
 HEARTBEAT_TIMEOUT = 3.0
 TOOLS = [sys.executable, "-m", "tests.support.l3tools"]
+ROGUE = "rogue-a"  # an agent certificate of site a for tests.support.l3rogue
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -166,6 +167,8 @@ class L3Testbed:
         for site in self.sites:
             for agent in site.agents:
                 pki.issue(self.certs, self.certs, "agent", agent.name, pools=[site.pool], cidrs=[site.cidr], days=2)
+        # A certificate for tests.support.l3rogue: a compromised agent of site a.
+        pki.issue(self.certs, self.certs, "agent", ROGUE, pools=[self.site_a.pool], cidrs=[self.site_a.cidr], days=2)
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
         self._write("gateway.yaml", {
@@ -242,9 +245,8 @@ class L3Testbed:
 
     async def start_routes(self, site: L3Site) -> None:
         assert site.routed_node is not None
-        await self.spawn(f"routes-{site.name}", site.routed_node[0], [
-            sys.executable, "-m", "raven.layer3.noderoutes", "--gateway", site.gw_ip, "--cidr", CLOUD_CIDR,
-            "--interval", "2"])
+        await self.spawn(f"routes-{site.name}", site.routed_node[0], self.raven(
+            "routes", "--gateway", site.gw_ip, "--cidr", CLOUD_CIDR, "--interval", "2"))
 
     async def start(self) -> None:
         await self.topology("up")
@@ -299,6 +301,28 @@ class L3Testbed:
             raise
         assert proc.returncode is not None
         return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    async def sh_background(self, namespace: str, *argv: str) -> asyncio.subprocess.Process:
+        """Start a command in a namespace, its stdout and stderr piped; the caller waits for it (or kills its
+        process group)."""
+        return await asyncio.create_subprocess_exec(
+            "ip", "netns", "exec", namespace, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=str(ROOT), env=self.env, start_new_session=True,
+        )
+
+    async def rogue(self, to: str, sources: list[str], count: int) -> dict[str, Any]:
+        """Run tests.support.l3rogue from site a's gateway node: a compromised agent of site a sending
+        ``count`` UDP packets to ``to`` from each of ``sources``. Returns its JSON report."""
+        site = self.site_a
+        argv = [sys.executable, "-m", "tests.support.l3rogue", "--url", f"wss://{GATEWAY_WAN_IP}:10262/tunnel",
+                "--certs", str(self.certs), "--name", ROGUE, "--pool", site.pool, "--cidr", site.cidr, "--to", to,
+                "--count", str(count)]
+        for src in sources:
+            argv += ["--src", src]
+        r = await self.sh(site.gw_ns, *argv, timeout=60)
+        if r.rc != 0 or not r.json_lines():
+            raise TestbedError(f"rogue agent failed ({r.rc}): {r.err[-2000:]}")
+        return r.json_lines()[-1]
 
     async def ping(self, namespace: str, address: str, count: int = 3, interval: float = 0.2,
                    wait: float = 2.0, size: int = 56) -> dict[str, float]:
@@ -427,7 +451,7 @@ class L3Testbed:
     # ------------------------------------------------------------ measuring
 
     async def iperf3(self, server_ns: str, server_ip: str, client_ns: str, seconds: float = 3,
-                     port: int = 5201, reverse: bool = False) -> dict[str, float]:
+                     port: int = 5201, reverse: bool = False, parallel: int = 1) -> dict[str, float]:
         """TCP throughput from ``client_ns`` to ``server_ip`` (``reverse``: the other way): bits/s received,
         retransmits."""
         server = await asyncio.create_subprocess_exec(
@@ -436,7 +460,7 @@ class L3Testbed:
         )
         try:
             await asyncio.sleep(0.3)
-            args = ["iperf3", "-c", server_ip, "-p", str(port), "-t", f"{seconds:g}", "-J"]
+            args = ["iperf3", "-c", server_ip, "-p", str(port), "-t", f"{seconds:g}", "-P", str(parallel), "-J"]
             if reverse:
                 args.append("-R")
             r = await self.sh(client_ns, *args, timeout=seconds + 30)
