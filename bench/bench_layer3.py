@@ -95,12 +95,12 @@ async def main(args: argparse.Namespace) -> int:
     print(f"{'path':44} {'Mbit/s':>8} {'retr':>6} {'RTT avg':>9} {'min':>7} {'max':>7} {'added':>7}  CPU (gw/agent)")
     for r in rows:
         added = f"{r['rtt_avg_ms'] - direct:+.3f}" if r["tunnel"] else ""
-        cpu = ""
+        load = ""
         if r["cpu"]:
             gw, ag = r["cpu"]["gateway"], next(v for k, v in r["cpu"].items() if k != "gateway")
-            cpu = f"{gw * 100:.0f}% / {ag * 100:.0f}%"
+            load = f"{gw * 100:.0f}% / {ag * 100:.0f}%"
         print(f"{r['path']:44} {r['mbit_s']:8.0f} {r['retransmits']:6.0f} {r['rtt_avg_ms']:8.3f}m "
-              f"{r['rtt_min_ms']:7.3f} {r['rtt_max_ms']:7.3f} {added:>7}  {cpu}")
+              f"{r['rtt_min_ms']:7.3f} {r['rtt_max_ms']:7.3f} {added:>7}  {load}")
     print(f"gateway drops during the run: { {k: v for k, v in drops.items() if v} or 'none'}")
     return 0
 
