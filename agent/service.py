@@ -1,4 +1,7 @@
-"""`raven agent`: dial the gateway, register this pool's nodes, serve streams, drain on SIGTERM."""
+"""`raven agent`: dial the gateway, register this pool's nodes, serve streams, drain on SIGTERM.
+
+Size: the wiring of the agent (dial loops per replica, sessions, registration, Kubernetes, reload, drain).
+"""
 
 from __future__ import annotations
 

@@ -5,8 +5,12 @@ that says which node and why (and the same line is logged). A failure after the 
 been sent cannot change the status any more: the client connection is closed so that
 the response is visibly broken (short body or missing final chunk), never complete.
 
-Size: one request's life from opening a stream to its last byte (with the one retry); parsing is in
-request.py, the CONNECT relay in tcprelay.py. Further splitting waits for the sans-I/O core (issue 11).
+The parts: parsing and checking a request (pure: request -> target or refusal) in request.py; selection in
+registry.py; here, one request's life from opening a stream to its last byte (with the one retry), recorded in
+one :class:`Exchange` that is finished (metrics, the node's last scrape) in exactly one place; the CONNECT relay
+in tcprelay.py.
+
+Size: one request's life, from the checks through the stream to the last byte, read top to bottom.
 """
 
 from __future__ import annotations
@@ -52,6 +56,35 @@ log = logging.getLogger("raven.gateway.proxy")
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 _DROP = FORWARDED | {"host"}
 _DROP_WITH_AUTH = _DROP | {"authorization"}
+
+@dataclass(slots=True)
+class Exchange:
+    """One request's record: what it asked for, where it went, how it ended.
+
+    Filled in as the request goes; finished (counted, remembered, observed) once, by ``Proxy._finish`` in
+    ``Proxy.handle``'s ``finally``, whatever way the request ended.
+    """
+
+    request: web.BaseRequest
+    start: float
+    kind: str = "http"
+    node: str = "-"
+    pool: str = "-"
+    target: Target | None = None
+    entry: NodeEntry | None = None
+    deadline: float = 0.0
+    agent: str = ""
+    code: str = ""  # the outcome: a status ("200", "404"), "broken-502", "client-gone", "client-stalled", ...
+    reason: str = ""
+    last_scrape: bool = True  # the node's outcome (status page); not a refusal of the client's own making
+    observe: bool = False  # a complete answer (or a refusal): its duration goes into the latency histogram
+    sent: int = 0  # request body bytes to the edge
+    received: int = 0  # response body bytes from the edge
+
+    def via(self) -> str:
+        """``node 'x' (pool 'p') via agent a``: who the failure is about."""
+        return f"node {self.node!r} (pool {self.pool!r}) via agent {self.agent}"
+
 
 @dataclass(slots=True)
 class _BodyProgress:
@@ -104,9 +137,7 @@ class Proxy:
     # ------------------------------------------------------------ entry point
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        start = time.monotonic()
-        pool = node = "-"
-        kind = "http"
+        ex = Exchange(request, time.monotonic())
         try:
             # Credentials first: nothing about nodes, ports or methods is revealed to a client without them.
             proxy_mode = request.method == "CONNECT" or request.raw_path.startswith(("http://", "https://"))
@@ -114,9 +145,9 @@ class Proxy:
             if denied is not None:
                 raise Refusal(denied.status, denied.reason, "auth", denied.headers)
             self._check_method(request)
-            target = parse_target(request)
-            kind = target.kind.name.lower()
-            node = target.node
+            target = ex.target = parse_target(request)
+            ex.kind = target.kind.name.lower()
+            ex.node = target.node
             if target.port not in self.allowed_ports:
                 allowed = ", ".join(str(p) for p in sorted(self.allowed_ports))
                 raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
@@ -128,15 +159,22 @@ class Proxy:
                                        "starting and its agents are still connecting", "not-settled",
                                   {"Retry-After": "2"})
                 raise Refusal(404, found.reason)
-            pool = found.entry.pool
+            ex.entry = found.entry
+            ex.pool = found.entry.pool
             if found.reason:
                 raise Refusal(503, found.reason)
-            deadline = start + self._timeout(request)
+            ex.deadline = ex.start + self._timeout(request)
             if target.kind == wire.StreamKind.TCP:
-                return await self._connect(request, target, found.entry, deadline, start)
-            return await self._http(request, target, found.entry, deadline, start)
+                return await self._connect(ex)
+            return await self._http(ex)
         except Refusal as ref:
-            return self._refuse(request, ref, node, pool, kind, start)
+            return self._refuse(ex, ref)
+        except asyncio.CancelledError:
+            if not ex.code:
+                ex.code, ex.reason = "cancelled", "the client left (or the gateway stopped) while waiting for the node"
+            raise
+        finally:
+            self._finish(ex)
 
     def configure(self, cfg: GatewayFront) -> None:
         """Take the front end's settings (at start, and on a configuration reload: for requests from now on)."""
@@ -146,11 +184,19 @@ class Proxy:
         self.allow_header = ", ".join([*cfg.allowed_methods, *(["CONNECT"] if cfg.allow_connect else [])])
         self.client_cap = max(1, int(cfg.client_share * cfg.max_streams_per_node))
 
-    def _finish(self, pool: str, node: str, kind: str, code: str, reason: str = "") -> None:
-        """Count a request's outcome; for a registered node, remember it (the status page's last scrape)."""
-        self.metrics.requests.labels(pool, kind, code).inc()
-        if node in self.registry.nodes:
-            self.last[node] = NodeResult(time.time(), code, reason[:300])
+    def _finish(self, ex: Exchange) -> None:
+        """The one place a request's outcome is counted: its metrics, and for a registered node its last scrape."""
+        if not ex.code:
+            return  # ended before it was answered in any way (cannot happen but by a bug): nothing to count
+        self.metrics.requests.labels(ex.pool, ex.kind, ex.code).inc()
+        if ex.observe:
+            self.metrics.latency.labels(ex.pool).observe(time.monotonic() - ex.start)
+        if ex.sent:
+            self.metrics.bytes.labels(ex.pool, "to_edge").inc(ex.sent)
+        if ex.received:
+            self.metrics.bytes.labels(ex.pool, "from_edge").inc(ex.received)
+        if ex.last_scrape and ex.node in self.registry.nodes:
+            self.last[ex.node] = NodeResult(time.time(), ex.code, ex.reason[:300])
         if len(self.last) > len(self.registry.nodes) + 1024:  # nodes that left: forget them
             for name in [n for n in self.last if n not in self.registry.nodes]:
                 del self.last[name]
@@ -174,14 +220,12 @@ class Proxy:
                 timeout = value
         return timeout
 
-    def _refuse(
-        self, request: web.BaseRequest, ref: Refusal, node: str, pool: str, kind: str, start: float
-    ) -> web.Response:
-        log.warning("%s %s -> %d (node %s, pool %s): %s", request.method, request.raw_path[:200], ref.status, node,
-                    pool, ref.reason)
-        # A refusal of the client's own making (4xx) says nothing about the node: not its "last scrape".
-        self._finish(pool, node if ref.status >= 500 else "", kind, str(ref.status), ref.reason)
-        self.metrics.latency.labels(pool).observe(time.monotonic() - start)
+    def _refuse(self, ex: Exchange, ref: Refusal) -> web.Response:
+        request = ex.request
+        log.warning("%s %s -> %d (node %s, pool %s): %s", request.method, request.raw_path[:200], ref.status, ex.node,
+                    ex.pool, ref.reason)
+        ex.code, ex.reason, ex.observe = str(ref.status), ref.reason, True
+        ex.last_scrape = ref.status >= 500  # a refusal of the client's own making (4xx) says nothing about the node
         self.metrics.front_refused.labels(ref.label or STATUS_LABEL.get(ref.status, str(ref.status))).inc()
         return web.Response(
             status=ref.status,
@@ -220,16 +264,12 @@ class Proxy:
         else:
             self.node_streams[node] = n
 
-    async def _open(
-        self,
-        request: web.BaseRequest,
-        target: Target,
-        entry: NodeEntry,
-        deadline: float,
-        open_frame: wire.Open,
-        retryable: bool,
-        body: bool,
-    ) -> tuple[Stream, wire.Head, AgentSession]:
+    async def _open(self, ex: Exchange, open_frame: wire.Open, retryable: bool) -> tuple[Stream, wire.Head]:
+        """Select an agent, open the stream, send the body, wait for the head; once more on another agent when
+        ``retryable`` and the first failed before its head."""
+        target, entry, request, deadline = ex.target, ex.entry, ex.request, ex.deadline
+        assert target is not None and entry is not None
+        body = open_frame.kind == wire.StreamKind.HTTP and not open_frame.fin  # CONNECT relays its bytes later
         tried: list[AgentSession] = []
         last: Refusal | None = None
         for attempt in (1, 2):
@@ -242,6 +282,7 @@ class Proxy:
                     reason += " (all draining or closed)"
                 raise Refusal(503, reason)
             tried.append(chosen)
+            ex.agent = chosen.agent
             try:
                 stream = chosen.session.open_stream(open_frame)
             except StreamReset as exc:
@@ -261,7 +302,8 @@ class Proxy:
                         async with asyncio.timeout(self.cfg.body_timeout):
                             await self._send_body(request, stream, progress)
                     head = await stream.head()
-                return stream, head, chosen
+                ex.sent = progress.sent
+                return stream, head
             except TimeoutError:
                 if progress.waiting_for_client:
                     stream.reset(wire.ResetCode.CANCEL, "the client stopped sending its request body")
@@ -280,7 +322,7 @@ class Proxy:
                     status,
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
-                if attempt == 1 and retryable and self.registry.select(entry, tried) is not None:
+                if attempt == 1 and retryable and self.registry.has_alternative(entry, tried):
                     log.info("retrying %s on another agent of pool %r: %s", target.node, entry.pool, exc.reason)
                     self.metrics.retries.labels(entry.pool).inc()
                     continue
@@ -303,20 +345,19 @@ class Proxy:
             await stream.write(chunk)
             progress.sent += len(chunk)
         stream.end()
-        self.metrics.bytes.labels("-", "to_edge").inc(progress.sent)
 
     # ------------------------------------------------------------ HTTP
 
-    async def _http(
-        self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
-    ) -> web.StreamResponse:
+    async def _http(self, ex: Exchange) -> web.StreamResponse:
+        request, target = ex.request, ex.target
+        assert target is not None
         client = request.remote or "?"
         # In proxy mode the client's own Authorization is for the node and passes through.
         proxy_mode = request.raw_path.startswith("http")
         # Host-header mode with credentials: the bearer token is for the gateway, never for the node.
         drop = _DROP_WITH_AUTH if self.auth.enabled and not proxy_mode else _DROP
         headers = filter_headers(request.headers.items(), drop)
-        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        remaining_ms = max(1, int((ex.deadline - time.monotonic()) * 1000))
         headers = (
             ("Host", f"{target.node}:{target.port}"), *headers,
             ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https" if request.secure else "http"),
@@ -329,40 +370,25 @@ class Proxy:
         )
         self._claim(target.node, client)
         try:
-            stream, head, chosen = await self._open(
-                request, target, entry, deadline, open_frame, request.method in IDEMPOTENT and not has_body, has_body
-            )
+            stream, head = await self._open(ex, open_frame, request.method in IDEMPOTENT and not has_body)
             try:
-                return await self._relay_response(request, target, entry, stream, head, chosen, deadline, start)
+                return await self._relay_response(ex, stream, head)
             finally:
                 stream.close()
-        except asyncio.CancelledError:
-            self._finish(entry.pool, target.node, "http", "cancelled", "the client left (or the gateway stopped) "
-                         "while waiting for the node")
-            raise
         finally:
             self._unclaim(target.node, client)
 
-    async def _relay_response(
-        self,
-        request: web.BaseRequest,
-        target: Target,
-        entry: NodeEntry,
-        stream: Stream,
-        head: wire.Head,
-        chosen: AgentSession,
-        deadline: float,
-        start: float,
-    ) -> web.StreamResponse:
+    async def _relay_response(self, ex: Exchange, stream: Stream, head: wire.Head) -> web.StreamResponse:
+        request, target = ex.request, ex.target
+        assert target is not None
         if not 200 <= head.status <= 599:  # agents refuse interim and odd statuses; one that sends them is broken
             stream.reset(wire.ResetCode.PROTOCOL, f"status {head.status} is not a final HTTP status")
-            raise Refusal(502, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: the agent "
-                               f"sent status {head.status}, not a final HTTP status")
+            raise Refusal(502, f"{ex.via()}: the agent sent status {head.status}, not a final HTTP status")
         resp = _RelayResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
         length = content_length(out_headers.get("Content-Length"))
         resp.headers.extend(out_headers)
-        resp.headers["X-Raven-Agent"] = chosen.agent
+        resp.headers["X-Raven-Agent"] = ex.agent
         no_body = request.method == "HEAD" or head.status in (204, 304)
         if length is not None:
             resp.content_length = length
@@ -374,26 +400,25 @@ class Proxy:
         first: bytes | memoryview = b""
         if not no_body:
             try:
-                async with asyncio.timeout_at(self._loop_deadline(deadline)):
+                async with asyncio.timeout_at(self._loop_deadline(ex.deadline)):
                     first = await stream.read()
             except TimeoutError:
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
-                raise Refusal(504, f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no "
+                raise Refusal(504, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent no "
                                    f"response body within {self._timeout(request):.1f}s") from None
             except StreamReset as exc:
-                raise Refusal(RESET_STATUS.get(exc.code, 502), f"node {target.node!r} (pool {entry.pool!r}) via "
-                                                               f"agent {chosen.agent}: {exc.reason}") from None
+                raise Refusal(RESET_STATUS.get(exc.code, 502), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
-                raise Refusal(502, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: the body "
-                                   f"ended after 0 of {length} bytes")
+                raise Refusal(502, f"{ex.via()}: the body ended after 0 of {length} bytes")
         await resp.prepare(request)
         received = 0
         try:
-            async with asyncio.timeout_at(self._loop_deadline(deadline)):
+            async with asyncio.timeout_at(self._loop_deadline(ex.deadline)):
                 # Without a body, still wait for the FIN (normally already here) so the stream ends cleanly.
                 chunk = await stream.read() if no_body else first
                 while chunk:
                     received += len(chunk)
+                    ex.received = received
                     await self._write(resp, chunk)
                     chunk = await stream.read()
             if length is not None and not no_body and received != length:
@@ -404,17 +429,15 @@ class Proxy:
             log.warning(
                 "%s %s: response from node %r (pool %r, agent %s) broke after %d bytes: %s; "
                 "closing the client connection so the response is not taken as complete",
-                request.method, target.path, target.node, entry.pool, chosen.agent, received, why,
+                request.method, target.path, target.node, ex.pool, ex.agent, received, why,
             )
             self._abort(request)
             code = "504" if isinstance(exc, TimeoutError) else "502"
-            self._finish(entry.pool, target.node, "http", f"broken-{code}", f"response broke after {received} "
-                         f"bytes: {why}")
-            self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
+            ex.code, ex.reason = f"broken-{code}", f"response broke after {received} bytes: {why}"
             return resp
         except ConnectionError:
             stream.reset(wire.ResetCode.CANCEL, "client went away")
-            self._finish(entry.pool, target.node, "http", "client-gone", "the client left mid-response")
+            ex.code, ex.reason = "client-gone", "the client left mid-response"
             return resp
         except _ClientStalled:
             stream.reset(wire.ResetCode.CANCEL, "the client stopped reading the response")
@@ -422,14 +445,11 @@ class Proxy:
                         "stream reset, connection closed", request.method, target.path, request.remote, target.node,
                         self.cfg.write_stall_timeout, received)
             self._abort(request)
-            self._finish(entry.pool, target.node, "http", "client-stalled", "the client stopped reading")
+            ex.code, ex.reason = "client-stalled", "the client stopped reading"
             self.metrics.front_refused.labels("write-stall").inc()
-            self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
             return resp
         await resp.write_eof()
-        self._finish(entry.pool, target.node, "http", str(head.status))
-        self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)
-        self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
+        ex.code, ex.observe = str(head.status), True
         return resp
 
     async def _write(self, resp: web.StreamResponse, chunk: bytes | memoryview) -> None:
@@ -462,9 +482,9 @@ class Proxy:
 
     # ------------------------------------------------------------ CONNECT
 
-    async def _connect(
-        self, request: web.BaseRequest, target: Target, entry: NodeEntry, deadline: float, start: float
-    ) -> web.StreamResponse:
+    async def _connect(self, ex: Exchange) -> web.StreamResponse:
+        request, target = ex.request, ex.target
+        assert target is not None
         client = request.remote or "?"
         if self.connect_total >= self.cfg.max_connect_tunnels:
             raise Refusal(503, f"{self.connect_total} CONNECT tunnels are open (limit {self.cfg.max_connect_tunnels})",
@@ -479,22 +499,19 @@ class Proxy:
         self.connect_tunnels[client] = mine + 1
         self.connect_total += 1
         try:
-            stream, head, chosen = await self._open(request, target, entry, deadline, open_frame, True, False)
+            stream, head = await self._open(ex, open_frame, True)
             try:
                 if head.status != 200:
-                    raise Refusal(502, f"agent {chosen.agent} could not open {target.node}:{target.port}")
+                    raise Refusal(502, f"agent {ex.agent} could not open {target.node}:{target.port}")
                 transport = request.transport
                 if transport is None:
                     return web.Response(status=499)
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
-                                chosen.agent.encode("ascii", "replace") + b"\r\n\r\n")
-                log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, chosen.agent, entry.pool)
-                sent, received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
-                                                  self.cfg.write_stall_timeout)
-                self._finish(entry.pool, target.node, "tcp", "200")
-                self.metrics.bytes.labels(entry.pool, "to_edge").inc(sent)
-                self.metrics.bytes.labels(entry.pool, "from_edge").inc(received)
-                self.metrics.latency.labels(entry.pool).observe(time.monotonic() - start)
+                                ex.agent.encode("ascii", "replace") + b"\r\n\r\n")
+                log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, ex.agent, ex.pool)
+                ex.sent, ex.received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
+                                                        self.cfg.write_stall_timeout)
+                ex.code, ex.observe = "200", True
                 transport.close()
                 return web.Response(status=200)
             finally:

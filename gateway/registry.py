@@ -357,6 +357,12 @@ class Registry:
                 best, best_load = s, load
         return best
 
+    @staticmethod
+    def has_alternative(entry: NodeEntry, exclude: Iterable[AgentSession]) -> bool:
+        """Whether :meth:`select` would find another usable session (a look-ahead that leaves the rotation be)."""
+        excluded = set(exclude)
+        return any(s.usable and s not in excluded for s in entry.sessions)
+
     # ------------------------------------------------------------ views
 
     def pools(self) -> dict[str, list[str]]:

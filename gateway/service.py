@@ -1,4 +1,7 @@
-"""`raven gateway`: the tunnel endpoint, the proxy front end and the ops listener in one process."""
+"""`raven gateway`: the tunnel endpoint, the proxy front end and the ops listener in one process.
+
+Size: the wiring of every part of the gateway (listeners, ops endpoints, reload, Kubernetes, drain).
+"""
 
 from __future__ import annotations
 

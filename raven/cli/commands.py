@@ -1,4 +1,7 @@
-"""The `raven` command: gateway, agent, certs, demo."""
+"""The `raven` command: gateway, agent, certs, routes, hosts, dns, status, demo.
+
+Size: one argparse tree and one small function per command; the commands' work lives in their own modules.
+"""
 
 from __future__ import annotations
 

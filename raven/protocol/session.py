@@ -13,6 +13,10 @@ The opener's (gateway's) sending half starts in BODY (its OPEN was the head) and
 (the response head comes first); the acceptor's (agent's) halves are the mirror. An OPEN with FIN starts the
 request half in DONE. A RESET, sent or received, ends both halves at once. A stream leaves the table when both
 halves are DONE or it was reset; ids are never reused.
+
+Size: one state machine: the stream table, both halves' transitions, flow accounting, the heartbeat and the
+output queue (stream frames, then datagrams) are one object's state; split, they would share it through
+back-references.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ everything the core has queued as few messages as the protocol version allows, o
 waits on the transport's own flow control (the sink's ``send`` drains); stream writers wait only when more than
 ``HIGH_WATER`` bytes are queued. The writer exists while there is output or a stream is open, so an idle session
 holds no task. The heartbeat is driven by one timer per loop (raven.transport.heartbeat).
+
+Size: the stream's awaitables and the session's reader, writer and event dispatch are two sides of one
+handshake (every event wakes a stream waiter); they stay together.
 """
 
 from __future__ import annotations
