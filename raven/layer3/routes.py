@@ -220,7 +220,8 @@ class RouteManager:
             try:
                 await ipr.route("add", **spec)
             except NetlinkError as exc:
-                why = "a route that is not Raven's is in the way" if exc.code == errno.EEXIST else exc.args[-1]
+                why = ("another route to it is in the way (not Raven's, or another device's)"
+                       if exc.code == errno.EEXIST else exc.args[-1])
                 changes.failed.append(f"{route.describe()}: {why}")
                 self.installed.pop(route.describe(), None)
                 continue
