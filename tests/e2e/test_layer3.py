@@ -214,36 +214,38 @@ async def test_layer7_keeps_working_while_layer3_is_saturated(bed: L3Testbed) ->
     assert throughput["bits_per_second"] > 10e6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug: the agent that stops cleanly puts net.ipv4.ip_forward back to 0 (Sysctls.restore in "
-    "agent/layer3.py close()) while the other agent of the pool in the same namespace, now active, still needs it"))
-async def test_a_clean_stop_of_the_active_agent_hands_over_to_the_other(bed: L3Testbed) -> None:
+async def test_a_clean_stop_of_either_agent_leaves_the_other_forwarding(bed: L3Testbed) -> None:
     site = bed.site_a
-    active = await bed.active_agent(site.pool)
-    assert active is not None
-    standby = next(x.name for x in site.agents if x.name != active)
+    # The agent that found forwarding off and turned it on (the first to start), active or not.
+    setter = next(x.name for x in site.agents if "set sysctl net.ipv4.ip_forward=1" in bed.log(x.name, 10**6))
+    other = next(x.name for x in site.agents if x.name != setter)
+    was_active = await bed.active_agent(site.pool)
     try:
-        assert await bed.stop(active, signal.SIGTERM, grace=15) == 0
-        await eventually(lambda: _is_active(bed, site.pool, standby), 5, f"{standby} active", tolerate=NOT_YET)
-        new_device = bed.agent(standby)[1].device
-        await eventually(lambda: _routes_are(bed, site.gw_ns, [f"{CLOUD_CIDR} dev {new_device}"]), 5,
-                         "the new active agent's route", tolerate=NOT_YET)
+        assert await bed.stop(setter, signal.SIGTERM, grace=15) == 0
+        await eventually(lambda: _is_active(bed, site.pool, other), 5, f"{other} active", tolerate=NOT_YET)
+        device = bed.agent(other)[1].device
+        await eventually(lambda: _routes_are(bed, site.gw_ns, [f"{CLOUD_CIDR} dev {device}"]), 5,
+                         f"{other}'s route", tolerate=NOT_YET)
         assert (await bed.ping(POD_NS, site.gw_ip, count=3))["received"] == 3  # the gateway node itself
         forward = (await bed.sh(site.gw_ns, "sysctl", "-n", "net.ipv4.ip_forward")).out.strip()
         ping = await bed.ping(NODE_NS, POD_IP, count=3)  # the node behind it: needs forwarding on
-        print(f"\nclean handover {active} -> {standby}: ip_forward on the gateway node is {forward}; "
-              f"node -> cloud pod {ping['received']:.0f}/3")
+        print(f"\nclean stop of {setter} (active: {was_active}); {other} carries site a: ip_forward on the "
+              f"gateway node is {forward}; node -> cloud pod {ping['received']:.0f}/3")
+        if forward == "0" and ping["received"] == 0:
+            pytest.xfail("runtime bug: the agent that turned net.ipv4.ip_forward on puts it back to 0 when it stops "
+                         "cleanly (Sysctls.restore in agent/layer3.py close()), while the other agent of the pool in "
+                         "the same namespace still needs it: the nodes behind the gateway node lose the cloud")
         assert forward == "1" and ping["received"] == 3
     finally:
         # Whatever happened, the next tests start from two agents and forwarding on.
         await bed.sh(site.gw_ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        await bed.start_agent(active)
-        old_device = bed.agent(active)[1].device
+        await bed.start_agent(setter)
+        old_device = bed.agent(setter)[1].device
 
         async def back() -> bool:
             return old_device in await bed.tun_devices(site.gw_ns)
 
-        await eventually(back, 20, f"{active} back", tolerate=NOT_YET)
+        await eventually(back, 20, f"{setter} back", tolerate=NOT_YET)
         await asyncio.sleep(1.0)
 
 
@@ -269,7 +271,12 @@ async def test_the_active_agent_killed_mid_transfer_another_takes_over(bed: L3Te
         assert sender.stdout is not None
         while True:  # a quarter of the way: kill the active agent
             line = await asyncio.wait_for(sender.stdout.readline(), 30)
-            assert line, "the sender ended early"
+            if not line:
+                _, err = await sender.communicate()
+                state = (await bed.active_agent(site.pool), await bed.raven_routes(site.gw_ns),
+                         await bed.tun_devices(site.gw_ns))
+                raise AssertionError(f"the sender ended early: {err.decode()[-1500:]}; active agent, routes and "
+                                     f"devices on the gateway node: {state}")
             if b'"progress"' in line and json.loads(line)["bytes"] >= 16 * MiB:
                 break
         killed_at = time.time()
