@@ -169,6 +169,15 @@ async def test_a_compromised_agent_sending_forged_sources_is_dropped_and_counted
     after = metric_sum(await bed.gateway_metrics(), DROPS, reason="spoofed")
     assert after - before == 20
     print(f"\ngateway: raven_gateway_layer3_drops_total{{reason=\"spoofed\"}} {before:.0f} -> {after:.0f}")
+    # With its own pool's source, to site b: edge to edge is not allowed between them (none is configured).
+    denied = metric_sum(await bed.gateway_metrics(), DROPS, reason="edge-to-edge-denied")
+    report = await bed.rogue(f"{bed.site_b.gw_ip}:5005", ["10.220.1.99"], count=5)
+    assert report["sent"] == {"10.220.1.99": 5}, report
+
+    async def denied_counted() -> bool:
+        return metric_sum(await bed.gateway_metrics(), DROPS, reason="edge-to-edge-denied") - denied == 5
+
+    await eventually(denied_counted, 5, "5 edge-to-edge-denied drops counted", tolerate=NOT_YET)
 
 
 async def test_a_forged_source_on_the_gateway_node_is_dropped_by_the_agent(bed: L3Testbed) -> None:
