@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, Proc
-from raven.protocol import wire
+from raven.protocol import handshake, wire
 from raven.transport.session import Session, Stream
 from raven.transport.tls import client_context
 from raven.transport.websocket import WebSocketSink, messages
@@ -72,25 +72,25 @@ async def sim_agent(i: int, url: str, certs: Path, per_agent: int, stop: asyncio
                 async with asyncio.timeout(30):
                     ws = await http.ws_connect(url, ssl=ctx, server_hostname="raven-gateway", compress=0)
                 try:
-                    await ws.send_bytes(wire.encode(wire.Hello(agent_name(i), uuid.uuid4().hex, versions=(1,))))
+                    hello = wire.Hello(agent_name(i), uuid.uuid4().hex, window=256 * 1024, max_streams=64)
+                    await ws.send_bytes(wire.encode(hello))
                     async with asyncio.timeout(30):
-                        welcome = wire.decode((await ws.receive()).data)
-                    assert isinstance(welcome, wire.Welcome)
+                        welcome = handshake.read_welcome((await ws.receive()).data, wire.DEFAULT_LIMITS)
                     attempt = 0
 
                     def on_open(stream: Stream) -> None:
                         stream.send_head(200, "OK", (("content-type", "text/plain"),))
                         asyncio.get_running_loop().create_task(_answer(stream))
 
-                    session = Session(WebSocketSink(ws), opener=False, name=agent_name(i), local_window=256 * 1024,
-                                      peer_window=welcome.window, local_max_streams=64,
-                                      peer_max_streams=welcome.max_streams, on_open=on_open)
-                    session.start(welcome.heartbeat_interval, welcome.heartbeat_timeout)
+                    session = Session.after_handshake(WebSocketSink(ws), handshake.agent_side(hello, welcome),
+                                                      opener=False, name=agent_name(i), limits=wire.DEFAULT_LIMITS,
+                                                      on_open=on_open)
                     session.send_control(wire.Register(nodes_of(i, per_agent)))
                     await session.run(messages(ws))
                 finally:
                     await ws.close()
-            except (aiohttp.ClientError, OSError, TimeoutError, AssertionError, ssl.SSLError, AttributeError):
+            except (aiohttp.ClientError, OSError, TimeoutError, handshake.HandshakeRefused, ssl.SSLError,
+                    AttributeError):
                 pass
             attempt += 1
             delay = rng.uniform(0, min(10.0, 0.5 * 2 ** min(attempt, 10)))

@@ -21,7 +21,6 @@ back-references.
 
 from __future__ import annotations
 
-import collections
 import enum
 from typing import Final
 
@@ -120,6 +119,37 @@ _Out = tuple[bytes, "bytes | memoryview | None"]
 class Session:
     """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids)."""
 
+    __slots__ = (
+        "_datagram_bytes",
+        "_datagrams",
+        "_events",
+        "_last_peer_id",
+        "_next_id",
+        "_next_ping",
+        "_out",
+        "_ping_sent",
+        "_ping_seq",
+        "batched",
+        "close_code",
+        "close_reason",
+        "closed",
+        "datagrams_dropped",
+        "heartbeat_interval",
+        "heartbeat_timeout",
+        "last_rx",
+        "limits",
+        "local_max_streams",
+        "local_window",
+        "opener",
+        "peer_draining",
+        "peer_max_streams",
+        "peer_window",
+        "pending_bytes",
+        "rtt",
+        "streams",
+        "version",
+    )
+
     BATCH_BUDGET: Final = 128 * 1024  # bytes of frames per batched message (every peer accepts 256 KiB)
     DATAGRAM_QUEUE: Final = 256 * 1024  # bytes of layer-3 packets waiting to go; more are dropped, never queued
 
@@ -150,10 +180,10 @@ class Session:
         self.streams: dict[int, StreamState] = {}
         self._next_id = 1 if opener else 2
         self._last_peer_id = 0
-        self._out: collections.deque[_Out] = collections.deque()
+        self._out: list[_Out] = []  # everything queued leaves at once (data_to_send): a list, not a deque
         self.pending_bytes = 0  # bytes queued and not yet taken by data_to_send()
         # Layer-3 packets wait apart and go after the streams' frames, so that layer 7 keeps its latency.
-        self._datagrams: collections.deque[_Out] = collections.deque()
+        self._datagrams: list[_Out] = []
         self._datagram_bytes = 0
         self.datagrams_dropped = 0
         self._events: list[Event] = []
@@ -211,23 +241,20 @@ class Session:
         """Every queued frame as WebSocket messages: one per frame in version 1, batched from version 2."""
         out = self._out
         if self._datagrams:
-            out.extend(self._datagrams)
-            self._datagrams.clear()
+            out += self._datagrams
+            self._datagrams = []
             self._datagram_bytes = 0
         if not out:
             return []
+        self._out = []
         self.pending_bytes = 0
-        messages: list[bytes] = []
         if not self.batched:
-            while out:
-                head, body = out.popleft()
-                messages.append(head if body is None else head + body)
-            return messages
+            return [head if body is None else head + body for head, body in out]
         budget = self.BATCH_BUDGET
+        messages: list[bytes] = []
         parts: list[bytes | memoryview] = []
         size = 0
-        while out:
-            head, body = out.popleft()
+        for head, body in out:
             n = len(head) + (0 if body is None else len(body))
             if parts and size + n > budget:
                 messages.append(b"".join(parts))
@@ -426,7 +453,7 @@ class Session:
         self.close_reason = reason
         self.close_code = code
         self.pending_bytes -= self._datagram_bytes
-        self._datagrams.clear()
+        self._datagrams = []
         self._datagram_bytes = 0
         if goaway:
             self._queue(wire.GoAway(code, reason))

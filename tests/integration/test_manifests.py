@@ -59,7 +59,9 @@ def _yaml_files() -> list[Path]:
 
 
 def _kustomization_dirs() -> list[Path]:
-    return sorted(p.parent for p in _yaml_files() if p.name in ("kustomization.yaml", "kustomization.yml"))
+    """Kustomizations that render on their own (a Component renders only inside one)."""
+    return sorted(p.parent for p in _yaml_files() if p.name in ("kustomization.yaml", "kustomization.yml")
+                  and not any(doc.get("kind") == "Component" for doc in _load_all(p)))
 
 
 def _load_all(path: Path) -> list[Any]:
@@ -670,3 +672,65 @@ def test_network_policy_limits_front_and_ops_to_monitoring() -> None:
         assert "subPath" not in mount, "a subPath mount would never see a rotated token"
         volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
         assert volume["secret"]["secretName"] == "raven-gateway-front-token"
+
+
+# ---------------------------------------------------------------- layer 3: CAP_NET_ADMIN only where it is on
+
+NODE_IP = "192.0.2.7"
+
+
+def _layer3_env(workload: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: fieldRefs resolved, $(VAR) expanded."""
+    env: dict[str, str] = {}
+    refs = {"metadata.name": POD_NAME, "status.hostIP": NODE_IP}
+    for var in container(workload).get("env", []):
+        value = var["value"] if "value" in var else refs[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), value)
+    return env
+
+
+def _capabilities(docs: tuple[dict[str, Any], ...]) -> list[tuple[str, list[str], bool]]:
+    out = []
+    for doc in docs:
+        if doc["kind"] in WORKLOADS:
+            spec = doc["spec"]["template"]["spec"]
+            for c in spec["containers"]:
+                out.append((doc["metadata"]["name"], c["securityContext"]["capabilities"].get("add", []),
+                            bool(spec.get("hostNetwork"))))
+    return out
+
+
+@needs_kubectl
+def test_net_admin_only_in_the_layer3_overlays(tls: dict[str, list[str]], tmp_path: Path) -> None:
+    for overlay in (*GATEWAY_OVERLAYS, *(f"agent/overlays/{p}" for p in AGENT_OVERLAYS)):
+        for name, added, host_network in _capabilities(render(DEPLOY / overlay)):
+            assert added == [] and not host_network, f"{overlay}: {name} has {added} without layer 3"
+
+    docs = render(DEPLOY / "overlays/layer3")
+    gateway = find(docs, "DaemonSet", "raven-gateway")
+    ctx = container(gateway)["securityContext"]
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
+    spec = gateway["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert {"name": "dev-net-tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}} in spec["volumes"]
+    configmap, key = mounted_configmap(gateway, docs, check_args(gateway, "gateway"))
+    path, _ = embedded_config(configmap, key, tmp_path)
+    cfg = build(GatewayConfig, path, tls["gateway"], environ=_layer3_env(gateway))
+    assert cfg.layer3.enabled and cfg.layer3.addresses == [f"{NODE_IP}/32"] and not cfg.layer3.manage_sysctls
+    assert cfg.layer3.pools and cfg.layer3.cloud_cidrs
+
+    docs = render(DEPLOY / "agent/overlays/pool-a-layer3")
+    agent = find(docs, "Deployment", "raven-agent")
+    assert container(agent)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    configmap, key = mounted_configmap(agent, docs, check_args(agent, "agent"))
+    path, _ = embedded_config(configmap, key, tmp_path)
+    agent_cfg = build(AgentConfig, path, tls["agent"], environ=_layer3_env(agent))
+    assert agent_cfg.pool == "pool-a" and agent_cfg.layer3.enabled and agent_cfg.layer3.cidrs == ["10.20.0.0/16"]
+    routes = find(docs, "DaemonSet", "raven-routes")
+    assert routes["metadata"]["name"] == "raven-routes-pool-a"
+    assert routes["spec"]["template"]["spec"]["nodeSelector"] == {"apps.openyurt.io/nodepool": "pool-a"}
+    args = container(routes)["args"]
+    env = _layer3_env(routes)
+    expanded = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in args]
+    assert expanded[:2] == ["routes", "--gateway"] and "--cidr" in expanded
