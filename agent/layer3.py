@@ -27,6 +27,8 @@ from raven.transport.session import Session
 
 log = logging.getLogger("raven.agent.layer3")
 MAIN_TABLE = 254
+INSTALL_RETRY = 0.1  # seconds before a failed route change is tried again; doubled up to INSTALL_RETRY_MAX
+INSTALL_RETRY_MAX = 5.0
 
 
 class AgentLayer3:
@@ -35,7 +37,7 @@ class AgentLayer3:
         self.pool = pool
         self.metrics = metrics
         self.device: TunDevice | None = None
-        self.routes = RouteManager([MAIN_TABLE])
+        self.routes = RouteManager([MAIN_TABLE], devices=[cfg.device])  # its own device's routes only
         self.sysctls = Sysctls()
         self.sessions: dict[Session, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
         self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
@@ -122,13 +124,24 @@ class AgentLayer3:
 
     async def _install(self, cidrs: tuple[str, ...]) -> None:
         wanted = [Route(c, table=MAIN_TABLE, device=self.cfg.device) for c in cidrs]
-        changes = await self.routes.reconcile(wanted, [])
-        for line in changes.added:
-            log.info("layer3: installed %s", line)
-        for line in changes.removed:
-            log.info("layer3: withdrew %s", line)
-        for line in changes.failed:
-            log.error("layer3: could not change route: %s", line)
+        delay, attempt = INSTALL_RETRY, 0
+        while True:
+            changes = await self.routes.reconcile(wanted, [])
+            for line in changes.added:
+                log.info("layer3: installed %s%s", line, f" (attempt {attempt + 1})" if attempt else "")
+            for line in changes.removed:
+                log.info("layer3: withdrew %s", line)
+            for line in changes.failed:
+                (log.debug if attempt else log.error)("layer3: could not change route: %s", line)
+            # A failure is retried while these routes are still wanted: at a clean handover between two agents
+            # of the pool on one node, the stopping agent's route to the same CIDR is withdrawn a moment after
+            # the gateway has already made this agent the active one.
+            if not changes.failed or self._installed != cidrs or self.device is None:
+                return
+            await asyncio.sleep(delay)
+            if self._installed != cidrs or self.device is None:
+                return
+            delay, attempt = min(delay * 2, INSTALL_RETRY_MAX), attempt + 1
 
     # ------------------------------------------------------------ packets
 

@@ -2,7 +2,8 @@
 # Install the Debian packages the tests start for real: dnsmasq (DNS from a hosts file, as
 # CoreDNS's hosts plugin), Prometheus (scrapes edge nodes through the gateway), Debian's
 # node-exporter (a real exporter behind the edge), iproute2 (network namespaces), Chromium (the
-# status page, loaded headless), and ping and iperf3 (layer 3 across network namespaces).
+# status page, loaded headless), ping and iperf3 (layer 3 across network namespaces), and nftables (the
+# layer-3 testbed's edge routers masquerade their sites behind NAT).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -14,6 +15,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the status page is tested in a real browser
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)  # layer 3: ping across TUN devices
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)  # layer 3: throughput of the packet pump
+command -v nft >/dev/null 2>&1 || need+=(nftables)  # layer-3 testbed: NAT routers in front of the edge sites
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

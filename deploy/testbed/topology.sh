@@ -13,6 +13,7 @@
 # the WAN or the edge LANs.
 #
 # Usage: topology.sh up | down | status | uplink SITE up|down
+#        topology.sh l3 up | down | status      (the layer-3 topology, below; independent of this one)
 set -eEuo pipefail  # -E: the ERR trap below also fires inside functions
 
 PREFIX=rv  # tests/support/testbed.py uses the same names
@@ -103,11 +104,101 @@ uplink() {
     ns "$PREFIX-$site-gw" ip link set wan0 "$state"
 }
 
+# ------------------------------------------------------------------ the layer-3 topology (issue 12)
+# A separate set of namespaces (prefix r3-, its own addresses), so that it can run beside the one above:
+#
+#   host r3-obs 10.229.0.1/30 ── obs0 10.229.0.2 ┐
+#   r3-pod 10.212.0.10 ── pod0 10.212.0.1 ─ r3-cloud (gateway; its TUN raven0 10.212.255.1/32)
+#                                            │ wan0 10.230.0.1
+#                                      r3-wan bridge ("the internet", 10.230.0.0/24)
+#                      ┌─────────────────────┴──────────────────────┐
+#   r3-a-rtr wan0 10.230.0.2 (NAT)               r3-b-rtr wan0 10.230.0.3 (NAT)
+#      │ lan 10.220.1.1/24                          │ lan 10.221.1.1/24
+#      ├─ r3-a-gw  10.220.1.2  (agents: raven0, raven1)   └─ r3-b-gw 10.221.1.2 (agent: raven0)
+#      └─ r3-a-n1  10.220.1.11 (raven routes via 10.220.1.2)
+#
+# Cloud CIDR 10.212.0.0/16; site a's CIDR 10.220.0.0/16, site b's 10.221.0.0/16 (agents' TUN addresses
+# 10.22x.255.y/32 lie in them). Each site router masquerades its LAN behind its WAN address (nftables) and
+# forwards nothing from the WAN into the LAN that the LAN did not start; it has no route to the cloud's CIDR,
+# and the cloud none to the sites' LANs: between the cloud pod and the edge nodes, only the tunnel routes.
+# Forwarding stays off on r3-cloud and on the gateway nodes: Raven's gateway and agents turn it on.
+L3=r3
+L3_CLOUD=$L3-cloud
+L3_SITES=(a b)
+
+l3_down() {
+    local n
+    for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$L3-" || true); do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns delete "$n" 2>/dev/null || true
+    done
+    ip link delete "$L3-obs" 2>/dev/null || true
+}
+
+l3_up() {
+    l3_down
+    trap 'echo "testbed: layer-3 setup failed, tearing down" >&2; l3_down' ERR
+    command -v nft >/dev/null 2>&1 || { echo "testbed: nft (Debian package nftables) is required" >&2; exit 1; }
+    add_ns "$L3-wan"
+    ns "$L3-wan" ip link add br0 type bridge
+    ns "$L3-wan" ip link set br0 up
+    add_ns "$L3_CLOUD"
+    link_to_bridge "$L3_CLOUD" wan0 10.230.0.1/24 "$L3-wan" br0 cloud
+    ip link add "$L3-obs" type veth peer name obs0 netns "$L3_CLOUD"
+    ip addr add 10.229.0.1/30 dev "$L3-obs"
+    ip link set "$L3-obs" up
+    ns "$L3_CLOUD" ip addr add 10.229.0.2/30 dev obs0
+    ns "$L3_CLOUD" ip link set obs0 up
+    add_ns "$L3-pod"
+    ip link add eth0 netns "$L3-pod" type veth peer name pod0 netns "$L3_CLOUD"
+    ns "$L3-pod" ip addr add 10.212.0.10/24 dev eth0
+    ns "$L3-pod" ip link set eth0 up
+    ns "$L3-pod" ip route add default via 10.212.0.1
+    ns "$L3_CLOUD" ip addr add 10.212.0.1/24 dev pod0
+    ns "$L3_CLOUD" ip link set pod0 up
+    local i=1 s
+    for s in "${L3_SITES[@]}"; do
+        local rtr=$L3-$s-rtr gw=$L3-$s-gw lan=10.$((219 + i)).1
+        add_ns "$rtr"
+        link_to_bridge "$rtr" wan0 "10.230.0.$((i + 1))/24" "$L3-wan" br0 "site-$s"
+        ns "$rtr" ip link add lan type bridge
+        ns "$rtr" ip addr add "$lan.1/24" dev lan
+        ns "$rtr" ip link set lan up
+        ns "$rtr" sysctl -qw net.ipv4.ip_forward=1
+        printf '%s\n' "table ip raven_testbed {" \
+            " chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname \"wan0\" masquerade; }" \
+            " chain forwarding { type filter hook forward priority filter; policy accept;" \
+            "  ct state established,related accept; iifname \"wan0\" drop; }" \
+            "}" | ns "$rtr" nft -f -
+        add_ns "$gw"
+        link_to_bridge "$gw" eth0 "$lan.2/24" "$rtr" lan gw
+        ns "$gw" ip route add default via "$lan.1"
+        if [ "$s" = a ]; then
+            add_ns "$L3-$s-n1"
+            link_to_bridge "$L3-$s-n1" eth0 "$lan.11/24" "$rtr" lan n1
+            ns "$L3-$s-n1" ip route add default via "$lan.1"
+        fi
+        i=$((i + 1))
+    done
+    trap - ERR
+    echo "testbed: layer-3 topology up (namespaces: $(ip netns list | awk '{print $1}' | grep -c "^$L3-"))"
+}
+
+l3() {
+    case "${1:-}" in
+        up) l3_up ;;
+        down) l3_down; echo "testbed: layer-3 topology down" ;;
+        status) ip netns list | grep "^$L3-" || echo "testbed: layer-3 topology down" ;;
+        *) echo "usage: $0 l3 up | down | status" >&2; exit 2 ;;
+    esac
+}
+
 need_root
 case "${1:-}" in
     up) up ;;
     down) down; echo "testbed: down" ;;
     status) status ;;
     uplink) uplink "${2:?site}" "${3:?up|down}" ;;
-    *) echo "usage: $0 up | down | status | uplink SITE up|down" >&2; exit 2 ;;
+    l3) l3 "${2:-}" ;;
+    *) echo "usage: $0 up | down | status | uplink SITE up|down | l3 up|down|status" >&2; exit 2 ;;
 esac

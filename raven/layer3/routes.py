@@ -118,11 +118,16 @@ def _route_key(msg: Any) -> _Key:
 class RouteManager:
     """Reconciles Raven's routes and rules in one network namespace (None: this process's)."""
 
-    def __init__(self, tables: Iterable[int], *, netns: str | None = None) -> None:
+    def __init__(self, tables: Iterable[int], *, netns: str | None = None,
+                 devices: Iterable[str] | None = None) -> None:
         """Manage Raven's routes in ``tables`` only (e.g. ``{RAVEN_TABLE}`` for ``raven routes``, ``{254}``
-        for the device routes of a gateway node): two managers of different tables never undo each other."""
+        for the device routes of a gateway node): two managers of different tables never undo each other.
+        With ``devices``, only Raven's routes out of those devices are this manager's: two agents with their
+        own TUN devices in one namespace (a standby beside the active one) never delete each other's routes.
+        (A route out of a device that is gone went with it: the kernel deletes a device's routes.)"""
         self.tables = frozenset(tables)
         self.netns = netns
+        self.devices = None if devices is None else frozenset(devices)
         self.installed: dict[str, Route | Rule] = {}  # description -> what is in place now
         self._lock: asyncio.Lock | None = None  # one netlink call at a time (each runs in a worker thread)
 
@@ -183,11 +188,18 @@ class RouteManager:
                 self.installed.pop(route.describe(), None)
                 continue
             want[(route.family, route.dst, route.table, route.gateway, oif)] = route
+        own_oifs: set[int] | None = None
+        if self.devices is not None:
+            own_oifs = set()
+            for name in self.devices:
+                own_oifs.update(await ipr.link_lookup(ifname=name))
         have: dict[_Key, Any] = {}
         for family in FAMILIES:
             for msg in [m async for m in await ipr.route("dump", family=family, proto=RAVEN_PROTO)]:
                 if msg["proto"] != RAVEN_PROTO or (msg.get("table") or msg["table"]) not in self.tables:
                     continue
+                if own_oifs is not None and msg.get("oif") not in own_oifs:
+                    continue  # another manager's (another agent's device in this namespace)
                 key = _route_key(msg)
                 if key not in want and key[3] is not None and (*key[:4], None) in want:
                     key = (*key[:4], None)  # a route via a gateway: the kernel adds the oif it resolved
@@ -208,7 +220,8 @@ class RouteManager:
             try:
                 await ipr.route("add", **spec)
             except NetlinkError as exc:
-                why = "a route that is not Raven's is in the way" if exc.code == errno.EEXIST else exc.args[-1]
+                why = ("another route to it is in the way (not Raven's, or another device's)"
+                       if exc.code == errno.EEXIST else exc.args[-1])
                 changes.failed.append(f"{route.describe()}: {why}")
                 self.installed.pop(route.describe(), None)
                 continue

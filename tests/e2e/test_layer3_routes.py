@@ -139,3 +139,25 @@ async def test_sysctls_are_set_and_restored(bed: Bed) -> None:
     assert not s.ensure("net.ipv4.ip_forward", "1")  # already so: not changed again
     s.restore()
     assert {k: s.read(k) for k in before} == before
+
+
+async def test_managers_scoped_to_devices_leave_each_other_s_routes(bed: Bed) -> None:
+    """Two agents of a pool on one node, each with its own device: the one starting (reconcile towards nothing)
+    or stopping (remove_all) never deletes the other's route."""
+    from raven.layer3.routes import MAIN_TABLE, Route, RouteManager
+
+    for dev in ("d0", "d1"):
+        bed.node.sh("ip", "tuntap", "add", dev, "mode", "tun")  # persistent, gone with the namespace
+        bed.node.sh("ip", "link", "set", dev, "up")
+    first = RouteManager({MAIN_TABLE}, netns=bed.node.name, devices=["d0"])
+    second = RouteManager({MAIN_TABLE}, netns=bed.node.name, devices=["d1"])
+    changes = await first.reconcile([Route("10.99.0.0/16", device="d0")], [])
+    assert changes.added and not changes.failed
+    await second.reconcile([], [])  # the second agent starts
+    await second.remove_all()  # and stops
+    routes = [(r["dst"], r["dev"]) for r in bed.node.raven_routes()]
+    assert routes == [("10.99.0.0/16", "d0")]
+    failed = await second.reconcile([Route("10.99.0.0/16", device="d1")], [])  # the same CIDR: in the way
+    assert failed.failed and "another route to it is in the way" in failed.failed[0]
+    await first.remove_all()
+    assert bed.node.raven_routes() == []
