@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from raven.layer3 import policy as l3policy
 from raven.layer3.config import AgentLayer3 as Layer3Config
 from raven.layer3.policy import Drop, Policy
 from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
-from raven.layer3.tun import TunDevice
+from raven.layer3.tun import TunDevice, other_tun_devices
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 from raven.transport.session import Session
@@ -66,7 +68,14 @@ class AgentLayer3:
         changes = await self.routes.remove_all()
         for line in changes.removed:
             log.info("layer3: removed %s", line)
-        self.sysctls.restore()  # logged there
+        try:
+            others = await other_tun_devices(self.cfg.device)
+        except (OSError, NetlinkError) as exc:
+            log.warning("layer3: cannot list the other tunnel devices (%s): leaving forwarding as it is", exc)
+            others = ["?"]
+        # Forwarding is the namespace's: put back only when no other tunnel device (a second agent of the pool
+        # on this node) still routes through it.
+        self.sysctls.restore(keep_shared=bool(others))  # logged there
         await self.device.close()
         self.device = None
         self.metrics.l3_active.set(0)

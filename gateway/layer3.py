@@ -18,12 +18,14 @@ import collections
 import logging
 from typing import Any
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from gateway.registry import AgentSession
 from raven.layer3 import policy as l3policy
 from raven.layer3.config import GatewayLayer3 as Layer3Config
 from raven.layer3.policy import CLOUD, Drop, Policy, intersect
 from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
-from raven.layer3.tun import TunDevice
+from raven.layer3.tun import TunDevice, other_tun_devices
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
@@ -35,13 +37,15 @@ MAIN_TABLE = 254
 class Candidate:
     """An agent session that announced layer-3 CIDRs for a pool."""
 
-    __slots__ = ("agent", "allowed", "announced", "pool")
+    __slots__ = ("agent", "allowed", "announced", "live", "own", "pool")
 
-    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str]) -> None:
+    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: Policy) -> None:
         self.agent = agent
         self.pool = pool
         self.announced = announced
         self.allowed = allowed  # announced ∩ certificate (the configuration is applied by the policy)
+        self.own = own  # the policy as if this agent were the pool's active one: its own sources
+        self.live = True  # False once withdrawn, refused or its session ended: its packets are dropped
 
 
 class GatewayLayer3:
@@ -82,7 +86,14 @@ class GatewayLayer3:
         changes = await self.routes.remove_all()
         for line in changes.removed:
             log.info("layer3: removed %s", line)
-        self.sysctls.restore()  # logged there
+        try:
+            others = await other_tun_devices(self.cfg.device)
+        except (OSError, NetlinkError) as exc:
+            log.warning("layer3: cannot list the other tunnel devices (%s): leaving forwarding as it is", exc)
+            others = ["?"]
+        # Forwarding is the namespace's: put back only when no other tunnel device (a second agent of the pool
+        # on this node) still routes through it.
+        self.sysctls.restore(keep_shared=bool(others))  # logged there
         await self.device.close()
         self.device = None
         for pool, cand in list(self.active.items()):
@@ -93,7 +104,9 @@ class GatewayLayer3:
 
     def on_routes(self, agent: AgentSession, frame: wire.Routes) -> None:
         """An agent announced (or withdrew, with no CIDRs) its pool's CIDRs."""
-        self.detach(agent, quiet=True)
+        was_active = any(c.agent is agent for c in self.active.values())
+        if not was_active or not frame.cidrs:
+            self.detach(agent, quiet=True)
         if not frame.cidrs:
             return
         pool = frame.pool
@@ -116,8 +129,23 @@ class GatewayLayer3:
             self._refuse(agent, f"none of {', '.join(announced)} is allowed by its certificate "
                                 f"(urn:raven:cidr: {', '.join(agent.cidrs) or 'none'}; reissue with --cidr)")
             return
-        agent.session.on_datagram = lambda packet, a=agent, p=pool: self._from_agent(a, p, packet)
-        self.candidates[pool].append(Candidate(agent, pool, announced, allowed))
+        current = self.active.get(pool)
+        try:
+            own = self.cfg.policy({pool: allowed})
+        except l3policy.PolicyError as exc:
+            self._refuse(agent, f"its CIDRs cannot be routed: {exc}")
+            return
+        if was_active and current is not None and current.agent is agent:
+            # The active agent announced again: it stays active, with what it announces now.
+            current.announced, current.allowed, current.own = announced, allowed, own
+            log.info("layer3: agent %s (pool %s) announced again: %s", agent.agent, pool, ", ".join(announced))
+            self._rebuild()
+            return
+        if was_active:
+            self.detach(agent, quiet=True)  # it moved to another pool: let the old one elect again
+        cand = Candidate(agent, pool, announced, allowed, own)
+        self.candidates[pool].append(cand)
+        agent.session.on_datagram = lambda packet, c=cand: self._from_agent(c, packet)
         log.info("layer3: agent %s (session %s) announced %s for pool %s", agent.agent, agent.session_id[:8],
                  ", ".join(announced), pool)
         if pool not in self.active:
@@ -131,6 +159,9 @@ class GatewayLayer3:
             kept = [c for c in cands if c.agent is not agent]
             if len(kept) == len(cands):
                 continue
+            for c in cands:
+                if c.agent is agent:
+                    c.live = False
             self.candidates[pool] = kept
             current = self.active.get(pool)
             if current is not None and current.agent is agent:
@@ -142,6 +173,7 @@ class GatewayLayer3:
                 self._elect(pool)
 
     def _refuse(self, agent: AgentSession, reason: str) -> None:
+        self.detach(agent, quiet=True)  # what it held before this announcement goes too
         self._log.warning(agent.agent, "l3-refused", "layer3: not routing for agent %s: %s", agent.agent, reason)
 
     def _elect(self, pool: str) -> None:
@@ -221,8 +253,20 @@ class GatewayLayer3:
             self.metrics.l3_packets.labels(pool, "to_pool").inc(n)
             self.metrics.l3_bytes.labels(pool, "to_pool").inc(size)
 
-    def _from_agent(self, agent: AgentSession, pool: str, packet: memoryview) -> None:
-        """A packet from an agent of ``pool``: checked against the pool, then to the cloud or an allowed pool."""
+    def _from_agent(self, cand: Candidate, packet: memoryview) -> None:
+        """A packet from an agent of a pool: its source must lie in what that agent may announce (its own
+        certificate; the active agent's CIDRs are the pool's routes), then to the cloud or an allowed pool."""
+        pool = cand.pool
+        if not cand.live:
+            self._drop(Drop.NO_ROUTE)
+            return
+        if self.active.get(pool) is not cand:
+            # A standby (here): its source must be its own (the active one's are the pool's routes); where the
+            # packet goes is the pool's policy below.
+            own = cand.own.from_pool(pool, packet)
+            if own.drop in (Drop.SPOOFED, Drop.MALFORMED):
+                self._drop(own.drop)
+                return
         verdict = self.policy.from_pool(pool, packet)
         if verdict.drop is not None:
             self._drop(verdict.drop)
@@ -236,9 +280,9 @@ class GatewayLayer3:
         if verdict.target == CLOUD:
             self._to_device.append(packet)  # a view into the received message, alive until the flush
             return
-        cand = self.active.get(verdict.target or "")
-        if cand is None or not cand.agent.session.send_datagram(packet):
-            self._drop(Drop.NO_ROUTE if cand is None else Drop.QUEUE_FULL)
+        to = self.active.get(verdict.target or "")
+        if to is None or not to.agent.session.send_datagram(packet):
+            self._drop(Drop.NO_ROUTE if to is None else Drop.QUEUE_FULL)
 
     def _flush(self) -> None:
         """Everything that arrived for the cloud in this loop turn, written in one go; counted once."""

@@ -338,10 +338,17 @@ class Sysctls:
         log.info("layer3: set sysctl %s=%s (was %s)", key, value, old)
         return True
 
-    def restore(self) -> list[str]:
-        """Put back what :meth:`ensure` changed, newest first; returns what was restored."""
+    def restore(self, keep_shared: bool = False) -> list[str]:
+        """Put back what :meth:`ensure` changed, newest first; returns what was restored.
+
+        ``keep_shared``: leave the namespace-wide settings (forwarding) as they are, because another tunnel
+        device still routes through them; only a device's own settings are put back."""
         restored: list[str] = []
         for key, (old, new) in reversed(list(self.changed.items())):
+            if keep_shared and ".conf." not in key:
+                log.info("layer3: sysctl %s=%s left on: another tunnel device in this namespace still needs it",
+                         key, new)
+                continue
             try:
                 now = self.read(key)
                 if now != new:

@@ -133,6 +133,18 @@ def _kind(link: Any) -> str | None:
     return info.get("kind") if info is not None else None
 
 
+async def other_tun_devices(own: str, netns: str | None = None) -> list[str]:
+    """TUN devices in the namespace other than ``own`` (another Raven, e.g. a second agent of the pool on the
+    same node, still routing through the shared forwarding settings)."""
+
+    async def dump() -> list[str]:
+        async with AsyncIPRoute(netns=netns) as ipr:
+            links = [m async for m in await ipr.link("dump")]
+        return [str(m.get("ifname")) for m in links if _kind(m) == "tun" and m.get("ifname") != own]
+
+    return await on_netlink_loop(dump)
+
+
 def _no_link_local(name: str) -> None:
     """No IPv6 link-local address on the device (addr_gen_mode 1, set while it is down): nothing on a routed
     point-to-point tunnel uses one, and without it the kernel sends no router solicitations or MLD reports

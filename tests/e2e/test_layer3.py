@@ -240,10 +240,6 @@ async def test_a_clean_stop_of_either_agent_leaves_the_other_forwarding(bed: L3T
         ping = await bed.ping(NODE_NS, POD_IP, count=3)  # the node behind it: needs forwarding on
         print(f"\nclean stop of {setter} (active: {was_active}); {other} carries site a: ip_forward on the "
               f"gateway node is {forward}; node -> cloud pod {ping['received']:.0f}/3")
-        if forward == "0" and ping["received"] == 0:
-            pytest.xfail("runtime bug: the agent that turned net.ipv4.ip_forward on puts it back to 0 when it stops "
-                         "cleanly (Sysctls.restore in agent/layer3.py close()), while the other agent of the pool in "
-                         "the same namespace still needs it: the nodes behind the gateway node lose the cloud")
         assert forward == "1" and ping["received"] == 3
     finally:
         # Whatever happened, the next tests start from two agents and forwarding on.

@@ -1,0 +1,108 @@
+"""The gateway's layer-3 decisions without a device: who is active, what is routed, whose packets pass."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.layer3 import GatewayLayer3
+from gateway.registry import AgentSession
+from raven.layer3.config import GatewayLayer3 as Layer3Config
+from raven.ops.metrics import GatewayMetrics
+from raven.protocol import wire
+
+
+@dataclass
+class FakeSession:
+    """What the layer-3 runtime uses of a session."""
+
+    carries_datagrams: bool = True
+    closed: bool = False
+    close_reason: str = ""
+    control: list[wire.ControlFrame] = field(default_factory=list)
+    datagrams: list[bytes] = field(default_factory=list)
+    on_datagram: Callable[[memoryview], None] | None = None
+
+    def send_control(self, frame: wire.ControlFrame) -> None:
+        self.control.append(frame)
+
+    def send_datagram(self, packet: bytes | memoryview) -> bool:
+        self.datagrams.append(bytes(packet))
+        return True
+
+
+def agent(name: str, cidrs: tuple[str, ...] = ("10.20.0.0/16",), pool: str = "site-a") -> AgentSession:
+    return AgentSession(name, name + "-session", frozenset({pool}), FakeSession(), cidrs=cidrs)  # type: ignore[arg-type]
+
+
+def ipv4(src: str, dst: str) -> bytes:
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20, 0, 0, 64, 1, 0, ipaddress.ip_address(src).packed,
+                         ipaddress.ip_address(dst).packed)
+    return header
+
+
+def runtime() -> tuple[GatewayLayer3, GatewayMetrics]:
+    cfg = Layer3Config(enabled=True, addresses=["10.77.0.1/24"], cloud_cidrs=["10.96.0.0/16"],
+                       pools={"site-a": {"cidrs": ["10.20.0.0/16", "10.21.0.0/16"]}})  # type: ignore[dict-item]
+    metrics = GatewayMetrics()
+    return GatewayLayer3(cfg, metrics), metrics
+
+
+def drops(metrics: GatewayMetrics, reason: str) -> float:
+    value: Any = metrics.registry.get_sample_value("raven_gateway_layer3_drops_total", {"reason": reason})
+    return float(value or 0)
+
+
+def test_the_first_agent_is_active_and_routes_are_config_and_certificate_and_announcement() -> None:
+    l3, _ = runtime()
+    a, b = agent("a"), agent("b")
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16", "10.21.0.0/16"), pool="site-a"))  # cert allows 10.20/16 only
+    l3.on_routes(b, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    assert l3.active["site-a"].agent is a
+    assert [str(n) for n in l3.policy.allowed("site-a")] == ["10.20.0.0/16"]
+    told_a = a.session.control[-1]  # type: ignore[attr-defined]
+    told_b = b.session.control[-1]  # type: ignore[attr-defined]
+    assert isinstance(told_a, wire.Routes) and told_a.active and told_a.cidrs == ("10.96.0.0/16",)
+    assert isinstance(told_b, wire.Routes) and not told_b.active
+
+
+def test_the_standby_is_promoted_when_the_active_session_ends_and_a_reannouncement_keeps_the_active() -> None:
+    l3, _ = runtime()
+    a, b = agent("a"), agent("b")
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    l3.on_routes(b, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))  # announced again: stays active
+    assert l3.active["site-a"].agent is a
+    a.session.closed = True  # type: ignore[misc]
+    l3.detach(a)
+    assert l3.active["site-a"].agent is b
+    assert b.session.control[-1] == wire.Routes(("10.96.0.0/16",), active=True)  # type: ignore[attr-defined]
+    l3.detach(b)
+    assert "site-a" not in l3.active and l3.policy.allowed("site-a") == []
+
+
+def test_packets_from_a_pool_are_checked_against_the_sending_agents_own_cidrs() -> None:
+    l3, metrics = runtime()
+    a, b = agent("a"), agent("b")
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    l3.on_routes(b, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    assert a.session.on_datagram is not None and b.session.on_datagram is not None
+    a.session.on_datagram(memoryview(ipv4("10.20.1.1", "10.96.0.5")))  # to the cloud: queued for the device
+    a.session.on_datagram(memoryview(ipv4("10.99.1.1", "10.96.0.5")))  # a source outside the pool
+    b.session.on_datagram(memoryview(ipv4("10.20.1.2", "10.96.0.5")))  # a standby, from its own CIDRs
+    assert drops(metrics, "spoofed") == 1
+    assert [bytes(p) for p in l3._to_device] == [ipv4("10.20.1.1", "10.96.0.5"), ipv4("10.20.1.2", "10.96.0.5")]
+    l3.on_routes(b, wire.Routes((), pool="site-a"))  # b withdraws: its packets no longer pass
+    b.session.on_datagram(memoryview(ipv4("10.20.1.2", "10.96.0.5")))
+    assert drops(metrics, "no-route") == 1
+
+
+def test_an_agent_is_refused_for_a_pool_outside_its_certificate_or_without_certificate_cidrs() -> None:
+    l3, _ = runtime()
+    outsider, bare = agent("x", pool="site-b"), agent("y", cidrs=())
+    l3.on_routes(outsider, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    l3.on_routes(bare, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    assert "site-a" not in l3.active and not l3.candidates["site-a"]
