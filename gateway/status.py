@@ -110,6 +110,7 @@ def render_html(snap: Mapping[str, Any], refresh: int = 5) -> str:
         rows_nodes.append(f"<tr class={cls}><td>{_e(n['name'])}</td><td>{_e(n['pool'])}</td><td>{agents}</td>"
                           f"<td>{result}</td></tr>")
     ready = "ready" if snap["ready"] else "not ready"
+    layer3 = _layer3_html(snap.get("layer3"))
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><meta http-equiv=refresh content="{refresh}">
 <meta name=viewport content="width=device-width, initial-scale=1">
@@ -133,8 +134,23 @@ refreshes every {refresh}s</div>
 <h2>Nodes</h2>
 <table><tr><th>node</th><th>pool</th><th>agents</th><th>last scrape through this replica</th></tr>
 {''.join(rows_nodes) or '<tr><td colspan=4 class=dim>no nodes yet</td></tr>'}</table>
+{layer3}
 </body></html>
 """
+
+
+def _layer3_html(l3: Mapping[str, Any] | None) -> str:
+    """Layer 3's part of the page: per pool, the agent that carries it and what is routed (nothing when off)."""
+    if not l3:
+        return ""
+    rows = []
+    for pool, p in l3["pools"].items():
+        active = _e(p["active"]) if p["active"] else "<span class=bad>no agent: not routed</span>"
+        standby = ", ".join(_e(c) for c in p["candidates"] if c != p["active"]) or "none"
+        rows.append(f"<tr class={'ok' if p['active'] else 'bad'}><td>{_e(pool)}</td><td>{active}</td>"
+                    f"<td>{_e(', '.join(p['routed'])) or '-'}</td><td>{standby}</td></tr>")
+    return (f"<h2>Layer 3 (device {_e(l3['device'])})</h2>\n<table><tr><th>pool</th><th>active agent</th>"
+            f"<th>routed CIDRs</th><th>standby</th></tr>\n{''.join(rows)}</table>")
 
 
 def _fmt_age(seconds: float) -> str:

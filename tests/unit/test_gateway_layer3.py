@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession
+from gateway.status import _layer3_html
 from raven.layer3.config import GatewayLayer3 as Layer3Config
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
@@ -106,3 +107,12 @@ def test_an_agent_is_refused_for_a_pool_outside_its_certificate_or_without_certi
     l3.on_routes(outsider, wire.Routes(("10.20.0.0/16",), pool="site-a"))
     l3.on_routes(bare, wire.Routes(("10.20.0.0/16",), pool="site-a"))
     assert "site-a" not in l3.active and not l3.candidates["site-a"]
+
+
+def test_status_shows_the_active_agent_and_the_routes_of_each_pool() -> None:
+    l3, _ = runtime()
+    l3.on_routes(agent("a"), wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    snap = l3.status()
+    assert snap["pools"]["site-a"] == {"active": "a", "routed": ["10.20.0.0/16"], "candidates": ["a"]}
+    page = _layer3_html(snap)
+    assert "<td>site-a</td><td>a</td><td>10.20.0.0/16</td>" in page
