@@ -180,6 +180,13 @@ def render_text(snap: Mapping[str, Any]) -> str:
         ago = "-" if last["seconds_ago"] is None else _fmt_age(last["seconds_ago"])
         rows.append((n["name"], n["pool"], ",".join(n["agents"]) or "NONE", last["code"], ago, last["reason"]))
     out += _table(rows)
+    l3 = snap.get("layer3")
+    if l3:
+        rows = [("LAYER3 POOL", "ACTIVE AGENT", "ROUTED", "STANDBY")]
+        for pool, p in l3["pools"].items():
+            rows.append((pool, p["active"] or "NONE (not routed)", ",".join(p["routed"]) or "-",
+                         ",".join(c for c in p["candidates"] if c != p["active"]) or "-"))
+        out += ["", f"layer 3 on device {l3['device']}", *_table(rows)]
     return "\n".join(out) + "\n"
 
 

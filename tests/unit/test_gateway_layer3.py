@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession
-from gateway.status import _layer3_html
+from gateway.status import _layer3_html, render_text
 from raven.layer3.config import GatewayLayer3 as Layer3Config
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
@@ -116,3 +116,6 @@ def test_status_shows_the_active_agent_and_the_routes_of_each_pool() -> None:
     assert snap["pools"]["site-a"] == {"active": "a", "routed": ["10.20.0.0/16"], "candidates": ["a"]}
     page = _layer3_html(snap)
     assert "<td>site-a</td><td>a</td><td>10.20.0.0/16</td>" in page
+    text = render_text({"replica": "r", "replicas": 1, "uptime_seconds": 1, "ready": True, "ready_reason": "ok",
+                        "draining": False, "pools": [], "nodes": [], "layer3": snap})
+    assert "site-a       a             10.20.0.0/16  -" in text
