@@ -61,7 +61,11 @@ class NodeEntry:
     pool: str
     sessions: list[AgentSession] = field(default_factory=list)
     released_at: float | None = None  # when the last claim went away
-    listed_by: set[str] = field(default_factory=set)  # agents whose latest registration lists it
+    # Agents whose latest registration lists it: a few per node, so a tuple (an empty set costs 200 bytes).
+    listed_by: tuple[str, ...] = ()
+    # The node as last registered: the agents of a pool register the same nodes, and equal registrations
+    # share this one object (and its strings) in their sessions' last_register.
+    info: wire.NodeInfo | None = None
 
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
@@ -202,6 +206,7 @@ class Registry:
         accepted: list[str] = []
         refused: list[tuple[str, str]] = []
         wanted: dict[str, wire.NodeInfo] = {}
+        shared: dict[int, wire.NodeInfo] = {}  # id of a registered NodeInfo -> the equal one already held
         s.last_register = tuple(nodes)
         # What the same agent identity holds through its other sessions counts against its cap too.
         held = set().union(*(x.nodes for x in self.sessions.values() if x.agent == s.agent and x is not s))
@@ -262,8 +267,13 @@ class Registry:
                 self.nodes[name] = entry
                 self.pool_nodes.setdefault(info.pool, set()).add(name)
             entry.address = info.address
+            if entry.info == info:
+                shared[id(info)] = entry.info
+            else:
+                entry.info = info
             entry.released_at = None
-            entry.listed_by.add(s.agent)
+            if s.agent not in entry.listed_by:
+                entry.listed_by += (s.agent,)
             if s not in entry.sessions:
                 entry.sessions.append(s)
             s.nodes.add(name)
@@ -275,9 +285,19 @@ class Registry:
             for name in list(self.pool_nodes.get(pool, ())):
                 entry = self.nodes[name]
                 if name not in wanted:
-                    entry.listed_by.discard(s.agent)
+                    if s.agent in entry.listed_by:
+                        entry.listed_by = tuple(a for a in entry.listed_by if a != s.agent)
                     if not entry.listed_by and not entry.sessions:
                         self._forget(entry)
+        # Grown one name at a time, a set's table ends up to twice the size a copy gets: these live as long
+        # as the session (and the pool), so they are rebuilt at their size.
+        s.nodes = set(s.nodes)
+        if shared:
+            s.last_register = tuple(shared.get(id(info), info) for info in s.last_register)
+        for pool in s.pools:
+            names = self.pool_nodes.get(pool)
+            if names:
+                self.pool_nodes[pool] = set(names)
         self._changed()
         return accepted, refused
 

@@ -34,7 +34,6 @@ from raven.transport.listener import (
     GuardedSite,
     GuardLimits,
     descriptor_budget,
-    guard_middleware,
     guarded_handler,
 )
 from raven.transport.tls import CertReloader, expiries
@@ -329,9 +328,10 @@ class Gateway:
         if self.layer3 is not None:
             await self.layer3.start()  # before the tunnel port takes sessions that announce CIDRs
         # The TLS handshake and the upgrade request each have handshake_timeout (the guard), then HELLO too.
-        tunnel_app = web.Application(middlewares=[guard_middleware(self.tunnel_guard)])
-        tunnel_app.router.add_get(self.cfg.tunnel.path, self.tunnel.handle)
-        tunnel_runner = web.AppRunner(tunnel_app, access_log=None, shutdown_timeout=2.0)
+        # A low-level server with one path rather than an Application: every session's handler stays suspended
+        # for the session's life, and the router, the middleware chain and their frames would stay with it.
+        tunnel_server = web.Server(guarded_handler(self.tunnel_guard, self.tunnel.handle))
+        tunnel_runner = web.ServerRunner(tunnel_server, access_log=None, shutdown_timeout=2.0)
         await tunnel_runner.setup()
         self._runners.append(tunnel_runner)
         host, port = split_host_port(self.cfg.tunnel.listen)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
@@ -55,6 +56,7 @@ class TunnelEndpoint:
         self.cfg = cfg
         self.registry = registry
         self.metrics = metrics
+        self.path = cfg.tunnel.path  # a listener setting: a reload does not move it
         self.draining = False
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self.handlers: set[asyncio.Task[None]] = set()
@@ -102,10 +104,12 @@ class TunnelEndpoint:
         self.metrics.handshake_failures.labels(label).inc()
         return web.Response(status=status, text=reason + "\n")
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        peer = request.remote or "?"
-        if self.draining:
-            return self._refuse(peer, "gateway is draining", 503)
+    def _identity(self, request: web.BaseRequest, peer: str) -> pki.Identity | web.Response:
+        """The agent's identity from its client certificate, or the refusal to answer.
+
+        A function of its own so that the certificate's bytes are not kept in the frame of the handler,
+        which lives as long as the session.
+        """
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = ssl_obj.getpeercert(binary_form=True) if isinstance(ssl_obj, ssl.SSLObject) else None
         if not der:
@@ -117,6 +121,24 @@ class TunnelEndpoint:
         if ident.role != "agent" or not ident.pools:
             return self._refuse(peer, f"certificate {ident.common_name!r} is not an agent certificate with pools", 403,
                                 label="not-an-agent-certificate")
+        return ident
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The tunnel port's only resource: ``GET`` (or ``HEAD``) on ``tunnel.path``; 404 and 405 elsewhere.
+
+        The port is a low-level aiohttp server rather than an Application: this coroutine stays suspended for
+        the session's life, and a router and middleware chain would keep their frames alive beside it.
+        """
+        if request.path != self.path:
+            raise web.HTTPNotFound()
+        if request.method not in ("GET", "HEAD"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
+        peer = request.remote or "?"
+        if self.draining:
+            return self._refuse(peer, "gateway is draining", 503)
+        ident = self._identity(request, peer)
+        if not isinstance(ident, pki.Identity):
+            return ident
 
         # aiohttp refuses a message of exactly max_msg_size; the wire decoder enforces max_frame, inclusive.
         ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame + 1, compress=False, autoping=True)
@@ -204,39 +226,17 @@ class TunnelEndpoint:
         )
         await ws.send_bytes(wire.encode(welcome))
         pools = frozenset(ident.pools)
-        holder: list[AgentSession] = []
-
-        def on_control(frame: wire.ControlFrame) -> None:
-            agent_session = holder[0]
-            if isinstance(frame, wire.Register):
-                self._on_register(agent_session, frame)
-            elif isinstance(frame, wire.Routes):
-                if self.layer3 is not None:
-                    self.layer3.on_routes(agent_session, frame)
-                else:
-                    self._log.info(agent_session.agent, "l3-off", "agent %s announced layer-3 CIDRs, but layer3 is "
-                                   "not enabled on this gateway: ignored", agent_session.agent)
-            elif isinstance(frame, wire.Drain):
-                agent_session.draining = True
-                log.info("agent %s session %s is draining: %s", agent_session.agent,
-                         agent_session.session_id[:8], frame.reason)
-            else:
-                log.info("agent %s sent unexpected %s; ignored", agent_session.agent, type(frame).__name__)
-
-        def on_stream_closed(_: Stream) -> None:
-            self.metrics.streams.dec()
-
         session = Session.after_handshake(
             WebSocketSink(ws),
             handshake.gateway_side(hello, welcome),
             opener=True,
             name=f"{hello.agent}/{hello.session[:8]}",
             limits=self.limits,
-            on_control=on_control,
-            on_stream_closed=on_stream_closed,
+            on_stream_closed=self._stream_closed,
         )
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=ident.cidrs)
-        holder.append(agent_session)
+        # Set before the first frame is read (session.run below); a partial costs less than a closure and its cells.
+        session.on_control = functools.partial(self._on_control, agent_session)
         self.last_session_at = time.monotonic()
         self.empty_since = None
         old = self.registry.add_session(agent_session)
@@ -263,6 +263,25 @@ class TunnelEndpoint:
                 self.metrics.sessions.labels(pool).dec()
             self._update_gauges()
             log.info("agent %s session %s closed: %s", hello.agent, hello.session[:8], session.close_reason)
+
+    def _on_control(self, agent_session: AgentSession, frame: wire.ControlFrame) -> None:
+        if isinstance(frame, wire.Register):
+            self._on_register(agent_session, frame)
+        elif isinstance(frame, wire.Routes):
+            if self.layer3 is not None:
+                self.layer3.on_routes(agent_session, frame)
+            else:
+                self._log.info(agent_session.agent, "l3-off", "agent %s announced layer-3 CIDRs, but layer3 is "
+                               "not enabled on this gateway: ignored", agent_session.agent)
+        elif isinstance(frame, wire.Drain):
+            agent_session.draining = True
+            log.info("agent %s session %s is draining: %s", agent_session.agent,
+                     agent_session.session_id[:8], frame.reason)
+        else:
+            log.info("agent %s sent unexpected %s; ignored", agent_session.agent, type(frame).__name__)
+
+    def _stream_closed(self, _: Stream) -> None:
+        self.metrics.streams.dec()
 
     # ------------------------------------------------------------ registrations, rate-limited per identity
 

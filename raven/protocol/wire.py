@@ -603,11 +603,15 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
         if not isinstance(nodes, list):
             raise ProtocolError("REGISTER: field 'nodes' must be a list")
         out = []
+        # Nodes of one registration mostly share their pool (and often an address): one string object each,
+        # not one per node, since the gateway keeps the registration for the session's life.
+        same: dict[str, str] = {}
         for entry in nodes:
             items = _str_list(entry, "REGISTER: each node")
             if len(items) != 3:
                 raise ProtocolError("REGISTER: each node must be [name, address, pool]")
-            out.append(NodeInfo(items[0], items[1], items[2]))
+            name, address, pool = items
+            out.append(NodeInfo(name, same.setdefault(address, address), same.setdefault(pool, pool)))
         return Register(tuple(out))
     if ftype == FrameType.ROUTES:
         cidrs = _str_list(obj.get("cidrs"), "ROUTES: 'cidrs'")
