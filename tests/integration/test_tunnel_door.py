@@ -126,6 +126,20 @@ def register(names: list[str]) -> bytes:
     return wire.encode(wire.Register(tuple(wire.NodeInfo(n, "10.1.0.1", "pool-t") for n in names)))
 
 
+async def test_the_tunnel_port_answers_only_its_path_and_get(tport: Port) -> None:
+    """The tunnel port serves one path: another path is 404, another method 405, and a plain GET without the
+    WebSocket upgrade is refused; none of them counts as a session."""
+    async with Peer(tport, "agent-pool-t-2") as peer:
+        assert peer.http is not None
+        base = f"https://127.0.0.1:{tport.cluster.tunnel_port}"
+        async with peer.http.get(base + "/not-the-tunnel", ssl=peer.ctx) as resp:
+            assert resp.status == 404
+        async with peer.http.post(base + "/tunnel", ssl=peer.ctx, data=b"x") as resp:
+            assert resp.status == 405
+        async with peer.http.get(base + "/tunnel", ssl=peer.ctx) as resp:
+            assert resp.status == 400  # no upgrade: no session
+
+
 async def test_sessions_per_agent_identity_are_capped(tport: Port) -> None:
     before = await tport.failures("agent-session-cap")
     peers = [Peer(tport, tport.rogue) for _ in range(4)]
