@@ -13,24 +13,17 @@ it reaches.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-
-from pyroute2.netlink.exceptions import NetlinkError
 
 from raven.layer3 import policy as l3policy
 from raven.layer3.config import AgentLayer3 as Layer3Config
+from raven.layer3.host import Layer3Host
 from raven.layer3.policy import Drop, Policy
-from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
-from raven.layer3.tun import TunDevice, other_tun_devices
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 from raven.transport.session import Session
 
 log = logging.getLogger("raven.agent.layer3")
-MAIN_TABLE = 254
-INSTALL_RETRY = 0.1  # seconds before a failed route change is tried again; doubled up to INSTALL_RETRY_MAX
-INSTALL_RETRY_MAX = 5.0
 
 
 class AgentLayer3:
@@ -38,46 +31,20 @@ class AgentLayer3:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
-        self.device: TunDevice | None = None
-        self.routes = RouteManager([MAIN_TABLE], devices=[cfg.device])  # its own device's routes only
-        self.sysctls = Sysctls()
+        self.host = Layer3Host(cfg.device, cfg.addresses, cfg.mtu, batch=cfg.batch, manage_sysctls=cfg.manage_sysctls,
+                               ipv6=any(":" in a for a in (*cfg.addresses, *cfg.cidrs)), on_drop=self._drop,
+                               on_write=self._written)
         self.sessions: dict[Session, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
         self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
         self.policy = Policy((), {pool: cfg.cidrs})
-        self._to_device: list[memoryview] = []
-        self._flush_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._installed: tuple[str, ...] = ()
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        cfg = self.cfg
-        self.device = await TunDevice.open(cfg.device, addresses=cfg.addresses, mtu=cfg.mtu)
-        if cfg.manage_sysctls:
-            ipv6 = any(":" in a for a in (*cfg.addresses, *cfg.cidrs))
-            for key, value in forwarding_sysctls(cfg.device, ipv6):
-                self.sysctls.ensure(key, value)  # logged there; restored on exit where Raven changed it
-        await self.routes.reconcile([], [])  # a restart after a crash: Raven's stale routes go
-        self.device.start(self._from_device, cfg.batch)
-        log.info("layer3: device %s up; announcing %s for pool %s", cfg.device, ", ".join(cfg.cidrs), self.pool)
+        await self.host.open(self._from_device)
+        log.info("layer3: device %s up; announcing %s for pool %s", self.cfg.device, ", ".join(self.cfg.cidrs),
+                 self.pool)
 
     async def close(self) -> None:
-        if self.device is None:
-            return
-        self.device.stop()
-        changes = await self.routes.remove_all()
-        for line in changes.removed:
-            log.info("layer3: removed %s", line)
-        try:
-            others = await other_tun_devices(self.cfg.device)
-        except (OSError, NetlinkError) as exc:
-            log.warning("layer3: cannot list the other tunnel devices (%s): leaving forwarding as it is", exc)
-            others = ["?"]
-        # Forwarding is the namespace's: put back only when no other tunnel device (a second agent of the pool
-        # on this node) still routes through it.
-        self.sysctls.restore(keep_shared=bool(others))  # logged there
-        await self.device.close()
-        self.device = None
+        await self.host.close()
         self.metrics.l3_active.set(0)
 
     # ------------------------------------------------------------ sessions
@@ -127,30 +94,7 @@ class AgentLayer3:
             log.error("layer3: cannot use the gateways' routes (%s): keeping the previous ones", exc)
             return
         self.metrics.l3_active.set(1 if active else 0)
-        if reachable != self._installed and self._loop is not None and self.device is not None:
-            self._installed = reachable
-            self._loop.create_task(self._install(reachable))
-
-    async def _install(self, cidrs: tuple[str, ...]) -> None:
-        wanted = [Route(c, table=MAIN_TABLE, device=self.cfg.device) for c in cidrs]
-        delay, attempt = INSTALL_RETRY, 0
-        while True:
-            changes = await self.routes.reconcile(wanted, [])
-            for line in changes.added:
-                log.info("layer3: installed %s%s", line, f" (attempt {attempt + 1})" if attempt else "")
-            for line in changes.removed:
-                log.info("layer3: withdrew %s", line)
-            for line in changes.failed:
-                (log.debug if attempt else log.error)("layer3: could not change route: %s", line)
-            # A failure is retried while these routes are still wanted: at a clean handover between two agents
-            # of the pool on one node, the stopping agent's route to the same CIDR is withdrawn a moment after
-            # the gateway has already made this agent the active one.
-            if not changes.failed or self._installed != cidrs or self.device is None:
-                return
-            await asyncio.sleep(delay)
-            if self._installed != cidrs or self.device is None:
-                return
-            delay, attempt = min(delay * 2, INSTALL_RETRY_MAX), attempt + 1
+        self.host.route(reachable)
 
     # ------------------------------------------------------------ packets
 
@@ -181,20 +125,8 @@ class AgentLayer3:
         if verdict.drop is not None:
             self._drop(verdict.drop)  # not for this pool's CIDRs: this agent routes nothing else
             return
-        self._to_device.append(packet)  # a view into the received message, alive until the flush
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self.host.write(packet)
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        packets, self._to_device = self._to_device, []
-        if self.device is None or not packets:
-            return
+    def _written(self, packets: list[memoryview]) -> None:
         self.metrics.l3_packets.labels("from_gateway").inc(len(packets))
         self.metrics.l3_bytes.labels("from_gateway").inc(sum(map(len, packets)))
-        before = dict(self.device.stats.drops)
-        self.device.write_batch(packets)
-        for reason, n in self.device.stats.drops.items():
-            if n > before.get(reason, 0):
-                self._drop(reason, n - before.get(reason, 0))

@@ -18,20 +18,16 @@ import collections
 import logging
 from typing import Any
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from gateway.registry import AgentSession
 from raven.layer3 import policy as l3policy
 from raven.layer3.config import GatewayLayer3 as Layer3Config
+from raven.layer3.host import Layer3Host
 from raven.layer3.policy import CLOUD, Drop, Policy, intersect
-from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
-from raven.layer3.tun import TunDevice, other_tun_devices
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 
 log = logging.getLogger("raven.gateway.layer3")
-MAIN_TABLE = 254
 
 
 class Candidate:
@@ -52,15 +48,13 @@ class GatewayLayer3:
     def __init__(self, cfg: Layer3Config, metrics: GatewayMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        self.device: TunDevice | None = None
-        self.routes = RouteManager([MAIN_TABLE])
-        self.sysctls = Sysctls()
+        self.host = Layer3Host(cfg.device, cfg.addresses, cfg.mtu, batch=cfg.batch, manage_sysctls=cfg.manage_sysctls,
+                               ipv6=any(":" in a for a in cfg.addresses), on_drop=self._drop)
         self.candidates: dict[str, list[Candidate]] = collections.defaultdict(list)  # pool -> in arrival order
         self.active: dict[str, Candidate] = {}
         self.policy: Policy = cfg.policy({})
-        self._to_device: list[memoryview] = []
         self._from_pools: dict[str, list[int]] = {}  # packets and bytes per pool in this loop turn
-        self._flush_scheduled = False
+        self._count_scheduled = False
         self._log = RateLimitedLog(log)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -69,33 +63,13 @@ class GatewayLayer3:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         cfg = self.cfg
-        self.device = await TunDevice.open(cfg.device, addresses=cfg.addresses, mtu=cfg.mtu)
-        if cfg.manage_sysctls:
-            ipv6 = any(":" in a for a in cfg.addresses)
-            for key, value in forwarding_sysctls(cfg.device, ipv6):
-                self.sysctls.ensure(key, value)  # logged there; restored on exit where Raven changed it
-        await self.routes.reconcile([], [])  # a restart after a crash: Raven's stale routes go
-        self.device.start(self._from_device, cfg.batch)
+        await self.host.open(self._from_device)
+        self._rebuild()  # sessions that announced before the device was up get their routes
         log.info("layer3: device %s up; pools %s; cloud CIDRs %s", cfg.device, ", ".join(sorted(cfg.pools)) or "none",
                  ", ".join(cfg.cloud_cidrs) or "none")
 
     async def close(self) -> None:
-        if self.device is None:
-            return
-        self.device.stop()
-        changes = await self.routes.remove_all()
-        for line in changes.removed:
-            log.info("layer3: removed %s", line)
-        try:
-            others = await other_tun_devices(self.cfg.device)
-        except (OSError, NetlinkError) as exc:
-            log.warning("layer3: cannot list the other tunnel devices (%s): leaving forwarding as it is", exc)
-            others = ["?"]
-        # Forwarding is the namespace's: put back only when no other tunnel device (a second agent of the pool
-        # on this node) still routes through it.
-        self.sysctls.restore(keep_shared=bool(others))  # logged there
-        await self.device.close()
-        self.device = None
+        await self.host.close()
         for pool, cand in list(self.active.items()):
             self.metrics.l3_active.labels(pool, cand.agent.agent).set(0)
         self.active.clear()
@@ -206,23 +180,9 @@ class GatewayLayer3:
         except l3policy.PolicyError as exc:
             log.error("layer3: routing policy refused (%s); keeping the previous one", exc)
             return
-        if self._loop is not None and self.device is not None:
-            self._loop.create_task(self._install())
+        self.host.route([str(n) for pool in self.active for n in self.policy.allowed(pool)])
         for cand in self.active.values():  # reachable pools may have changed with the policy
             self._tell(cand, active=True)
-
-    async def _install(self) -> None:
-        if self.device is None:
-            return
-        wanted = [Route(str(n), table=MAIN_TABLE, device=self.cfg.device)
-                  for pool in self.active for n in self.policy.allowed(pool)]
-        changes = await self.routes.reconcile(wanted, [])
-        for line in changes.added:
-            log.info("layer3: installed %s", line)
-        for line in changes.removed:
-            log.info("layer3: withdrew %s", line)
-        for line in changes.failed:
-            log.error("layer3: could not change route: %s", line)
 
     # ------------------------------------------------------------ packets
 
@@ -274,31 +234,23 @@ class GatewayLayer3:
         counts = self._from_pools.setdefault(pool, [0, 0])
         counts[0] += 1
         counts[1] += len(packet)
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if not self._count_scheduled and self._loop is not None:
+            self._count_scheduled = True
+            self._loop.call_soon(self._count)
         if verdict.target == CLOUD:
-            self._to_device.append(packet)  # a view into the received message, alive until the flush
+            self.host.write(packet)
             return
         to = self.active.get(verdict.target or "")
         if to is None or not to.agent.session.send_datagram(packet):
             self._drop(Drop.NO_ROUTE if to is None else Drop.QUEUE_FULL)
 
-    def _flush(self) -> None:
-        """Everything that arrived for the cloud in this loop turn, written in one go; counted once."""
-        self._flush_scheduled = False
+    def _count(self) -> None:
+        """This loop turn's packets from the pools, counted once (a label lookup per packet would cost more)."""
+        self._count_scheduled = False
         for pool, (n, size) in self._from_pools.items():
             self.metrics.l3_packets.labels(pool, "from_pool").inc(n)
             self.metrics.l3_bytes.labels(pool, "from_pool").inc(size)
         self._from_pools.clear()
-        packets, self._to_device = self._to_device, []
-        if self.device is None or not packets:
-            return
-        before = dict(self.device.stats.drops)
-        self.device.write_batch(packets)
-        for reason, n in self.device.stats.drops.items():
-            if n > before.get(reason, 0):
-                self._drop(reason, n - before.get(reason, 0))
 
     # ------------------------------------------------------------ status
 
@@ -313,5 +265,5 @@ class GatewayLayer3:
                 }
                 for pool in sorted(self.cfg.pools)
             },
-            "device_stats": self.device.stats.as_dict() if self.device is not None else None,
+            "device_stats": self.host.device.stats.as_dict() if self.host.device is not None else None,
         }

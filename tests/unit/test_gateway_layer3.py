@@ -95,7 +95,7 @@ def test_packets_from_a_pool_are_checked_against_the_sending_agents_own_cidrs() 
     a.session.on_datagram(memoryview(ipv4("10.99.1.1", "10.96.0.5")))  # a source outside the pool
     b.session.on_datagram(memoryview(ipv4("10.20.1.2", "10.96.0.5")))  # a standby, from its own CIDRs
     assert drops(metrics, "spoofed") == 1
-    assert [bytes(p) for p in l3._to_device] == [ipv4("10.20.1.1", "10.96.0.5"), ipv4("10.20.1.2", "10.96.0.5")]
+    assert [bytes(p) for p in l3.host._to_device] == [ipv4("10.20.1.1", "10.96.0.5"), ipv4("10.20.1.2", "10.96.0.5")]
     l3.on_routes(b, wire.Routes((), pool="site-a"))  # b withdraws: its packets no longer pass
     b.session.on_datagram(memoryview(ipv4("10.20.1.2", "10.96.0.5")))
     assert drops(metrics, "no-route") == 1
