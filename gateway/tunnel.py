@@ -8,6 +8,7 @@ import logging
 import ssl
 import time
 from collections import OrderedDict
+from typing import NamedTuple
 
 from aiohttp import web
 
@@ -49,6 +50,15 @@ class Buckets:
         tokens, at = self._state.get(key, (self.burst, now))
         tokens = min(self.burst, tokens + (now - at) * self.rate)
         return max(0.0, (1.0 - tokens) / self.rate)
+
+
+class Claim(NamedTuple):
+    """What an agent's certificate lets it claim: its name, the pools it may serve, the CIDRs it may announce."""
+
+    name: str
+    common_name: str
+    pools: frozenset[str]
+    cidrs: tuple[str, ...]
 
 
 class TunnelEndpoint:
@@ -139,6 +149,8 @@ class TunnelEndpoint:
         ident = self._identity(request, peer)
         if not isinstance(ident, pki.Identity):
             return ident
+        claim = Claim(ident.agent or ident.common_name, ident.common_name, frozenset(ident.pools), ident.cidrs)
+        del ident  # this frame lives as long as the session: keep the four fields, not the parsed certificate
 
         # aiohttp refuses a message of exactly max_msg_size; the wire decoder enforces max_frame, inclusive.
         ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame + 1, compress=False, autoping=True)
@@ -147,7 +159,7 @@ class TunnelEndpoint:
         if task is not None:
             self.handlers.add(task)
         try:
-            await self._serve(ws, ident, peer)
+            await self._serve(ws, claim, peer)
         finally:
             if task is not None:
                 self.handlers.discard(task)
@@ -155,23 +167,23 @@ class TunnelEndpoint:
                 await ws.close()
         return ws
 
-    async def _handshake(self, ws: web.WebSocketResponse, ident: pki.Identity, peer: str) -> wire.Hello | None:
+    async def _handshake(self, ws: web.WebSocketResponse, claim: Claim, peer: str) -> wire.Hello | None:
         lim = self.cfg.limits
         try:
             async with asyncio.timeout(lim.handshake_timeout):
                 msg = await ws.receive_bytes()
         except TimeoutError:
-            log.warning("agent %s (%s): no HELLO within %.0fs", ident.common_name, peer, lim.handshake_timeout)
+            log.warning("agent %s (%s): no HELLO within %.0fs", claim.common_name, peer, lim.handshake_timeout)
             return None
         except (TypeError, ConnectionError) as exc:
-            log.warning("agent %s (%s): bad first message: %s", ident.common_name, peer, exc)
+            log.warning("agent %s (%s): bad first message: %s", claim.common_name, peer, exc)
             return None
         try:
             hello = handshake.read_hello(msg, self.limits)
         except handshake.HandshakeRefused as err:
             await self._goaway(ws, err.reason)
             return None
-        expected = ident.agent or ident.common_name
+        expected = claim.name
         if hello.agent != expected:
             await self._goaway(ws, f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}",
                                label="hello-agent-mismatch", peer=peer)
@@ -210,8 +222,8 @@ class TunnelEndpoint:
         except (TimeoutError, ConnectionError):
             pass
 
-    async def _serve(self, ws: web.WebSocketResponse, ident: pki.Identity, peer: str) -> None:
-        hello = await self._handshake(ws, ident, peer)
+    async def _serve(self, ws: web.WebSocketResponse, claim: Claim, peer: str) -> None:
+        hello = await self._handshake(ws, claim, peer)
         if hello is None:
             return
         lim = self.cfg.limits
@@ -225,7 +237,7 @@ class TunnelEndpoint:
             max_streams=lim.max_streams_per_session,
         )
         await ws.send_bytes(wire.encode(welcome))
-        pools = frozenset(ident.pools)
+        pools = claim.pools
         session = Session.after_handshake(
             WebSocketSink(ws),
             handshake.gateway_side(hello, welcome),
@@ -234,7 +246,7 @@ class TunnelEndpoint:
             limits=self.limits,
             on_stream_closed=self._stream_closed,
         )
-        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=ident.cidrs)
+        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs)
         # Set before the first frame is read (session.run below); a partial costs less than a closure and its cells.
         session.on_control = functools.partial(self._on_control, agent_session)
         self.last_session_at = time.monotonic()
@@ -250,6 +262,7 @@ class TunnelEndpoint:
                  ",".join(sorted(pools)))
         if self.draining:
             session.send_control(wire.Drain("gateway is draining"))
+        del hello, welcome, old  # this frame lives as long as the session (memory per idle session)
         try:
             await session.run(messages(ws))
         finally:
@@ -262,7 +275,8 @@ class TunnelEndpoint:
             for pool in pools:
                 self.metrics.sessions.labels(pool).dec()
             self._update_gauges()
-            log.info("agent %s session %s closed: %s", hello.agent, hello.session[:8], session.close_reason)
+            log.info("agent %s session %s closed: %s", agent_session.agent, agent_session.session_id[:8],
+                     session.close_reason)
 
     def _on_control(self, agent_session: AgentSession, frame: wire.ControlFrame) -> None:
         if isinstance(frame, wire.Register):

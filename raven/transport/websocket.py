@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
 from aiohttp import web
 
@@ -27,15 +25,28 @@ class TransportError(ConnectionError):
     pass
 
 
-async def messages(ws: WebSocket) -> AsyncIterator[bytes]:
-    """Binary messages until the WebSocket closes; anything else ends the session with a reason."""
-    while True:
-        msg = await ws.receive()
+class messages:
+    """Binary messages until the WebSocket closes; anything else ends the session with a reason.
+
+    A class rather than an async generator: an idle session waits in here for its whole life, and a generator
+    keeps its frame and an awaitable wrapper alive on top of the one pending receive (memory per session).
+    """
+
+    __slots__ = ("ws",)
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+
+    def __aiter__(self) -> messages:
+        return self
+
+    async def __anext__(self) -> bytes:
+        msg = await self.ws.receive()
         if msg.type == aiohttp.WSMsgType.BINARY:
-            yield msg.data
-        elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
-            return
-        elif msg.type == aiohttp.WSMsgType.ERROR:
-            raise TransportError(f"websocket error: {ws.exception()!r}")
-        else:
-            raise TransportError(f"unexpected websocket message type {msg.type.name}")
+            data: bytes = msg.data
+            return data
+        if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+            raise StopAsyncIteration
+        if msg.type == aiohttp.WSMsgType.ERROR:
+            raise TransportError(f"websocket error: {self.ws.exception()!r}")
+        raise TransportError(f"unexpected websocket message type {msg.type.name}")
