@@ -19,11 +19,14 @@ from raven.layer3 import policy as l3policy
 from raven.layer3.config import AgentLayer3 as Layer3Config
 from raven.layer3.host import Layer3Host
 from raven.layer3.policy import Drop, Policy
+from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 from raven.transport.session import Session
 
 log = logging.getLogger("raven.agent.layer3")
+MIN_PREFIX_V4 = 8  # without layer3.accept_cidrs, a gateway's offer broader than this is not routed
+MIN_PREFIX_V6 = 16
 
 
 class AgentLayer3:
@@ -37,6 +40,8 @@ class AgentLayer3:
         self.sessions: dict[Session, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
         self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
         self.policy = Policy((), {pool: cfg.cidrs})
+        self.accept = [l3policy.network(c) for c in cfg.accept_cidrs]
+        self._log = RateLimitedLog(log)
 
     async def start(self) -> None:
         await self.host.open(self._from_device)
@@ -56,6 +61,7 @@ class AgentLayer3:
             return
         self.sessions[session] = ((), False)
         session.on_datagram = self._from_gateway
+        session.on_closing = lambda: self.detach(session)  # routes follow at once, not after the close
         session.send_control(wire.Routes(tuple(self.cfg.cidrs), pool=self.pool))
 
     def detach(self, session: Session) -> None:
@@ -65,24 +71,44 @@ class AgentLayer3:
     def on_routes(self, session: Session, frame: wire.Routes) -> None:
         if session not in self.sessions:
             return
-        reachable: list[str] = []
-        for cidr in frame.cidrs[: wire.MAX_ROUTES]:
-            try:
-                net = l3policy.network(cidr)
-            except (l3policy.PolicyError, ValueError):
-                log.warning("layer3: gateway %s sent a bad CIDR %r: ignored", session.name, cidr[:64])
-                continue
-            if any(net.overlaps(own) for own in self.policy.allowed(self.pool)):
-                log.warning("layer3: gateway %s offers %s, which overlaps this pool's own CIDRs: ignored",
-                            session.name, net)
-                continue
-            reachable.append(str(net))
+        reachable, ignored = self._acceptable(frame.cidrs)
+        if ignored:
+            self._log.warning(session.name, "l3-offer", "layer3: gateway %s offered %d CIDR(s) this agent does not "
+                              "route (%s): ignored", session.name, len(ignored), "; ".join(ignored[:5]))
         was = self.sessions[session][1]
         self.sessions[session] = (tuple(reachable), frame.active)
         if frame.active != was:
             log.info("layer3: gateway %s %s this agent to carry pool %s (reaches %s)", session.name,
                      "chose" if frame.active else "no longer chooses", self.pool, ", ".join(reachable) or "nothing")
         self._recompute()
+
+    def _acceptable(self, offered: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """The CIDRs of a gateway's offer this agent will route through its device, and why the rest are not.
+
+        A gateway could otherwise capture the node's own traffic with a broad route: offers are narrowed to
+        ``accept_cidrs`` where set, else anything broader than /8 (IPv4) or /16 (IPv6) is refused; a CIDR that
+        overlaps the pool's own is refused too."""
+        accepted: list[str] = []
+        ignored: list[str] = []
+        own = self.policy.allowed(self.pool)
+        for cidr in offered[: wire.MAX_ROUTES]:
+            try:
+                net = l3policy.network(cidr)
+            except (l3policy.PolicyError, ValueError):
+                ignored.append(f"{cidr[:64]!r}: not a CIDR")
+                continue
+            if any(net.overlaps(o) for o in own):
+                ignored.append(f"{net}: overlaps this pool's own CIDRs")
+            elif self.accept:
+                accepted += [str(n) for n in l3policy.intersect([net], self.accept)]
+                if not any(net.overlaps(a) for a in self.accept):
+                    ignored.append(f"{net}: outside layer3.accept_cidrs")
+            elif net.prefixlen < (MIN_PREFIX_V4 if net.version == 4 else MIN_PREFIX_V6):
+                ignored.append(f"{net}: broader than /{MIN_PREFIX_V4 if net.version == 4 else MIN_PREFIX_V6} "
+                               "(set layer3.accept_cidrs to allow it)")
+            else:
+                accepted.append(str(net))
+        return accepted, ignored
 
     def _recompute(self) -> None:
         active = [(s, r) for s, (r, a) in self.sessions.items() if a and not s.closed]

@@ -17,7 +17,7 @@ What it guarantees:
   connection that the node closes (or that receives anything) is dropped at once; one that fails before any
   response byte on reuse is retried once on a fresh connection, for idempotent requests without a body.
 * Everything is bounded: status line and header fields (8190 bytes, as aiohttp), 128 headers, 256 KiB of head
-  in all, a few interim responses, the idle pool per address (the caller's per-node limit) and idle time
+  in all, a few interim responses, the idle pool per (address, port) (the caller's per-node limit) and idle time
   (30 s), and the body buffered ahead of the reader (reading pauses).
 * Every transport is closed on every path: :meth:`Response.release` pools or aborts, cancelling a request
   aborts its connection, :meth:`UpstreamPool.close` aborts everything still open.
@@ -390,7 +390,7 @@ class _Connection(asyncio.Protocol):
 
 
 class UpstreamPool:
-    """Keep-alive connections to nodes, by (address, port); at most ``max_idle`` idle ones per address."""
+    """Keep-alive connections to nodes, by (address, port); at most ``max_idle`` idle ones per (address, port)."""
 
     def __init__(self, connect_timeout: float, max_idle: int, idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.connect_timeout = connect_timeout

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import logging
 from typing import Any
 
@@ -22,21 +23,24 @@ from gateway.registry import AgentSession
 from raven.layer3 import policy as l3policy
 from raven.layer3.config import GatewayLayer3 as Layer3Config
 from raven.layer3.host import Layer3Host
-from raven.layer3.policy import CLOUD, Drop, Policy, intersect
+from raven.layer3.policy import CLOUD, Drop, Policy, PrefixTable, intersect
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 
 log = logging.getLogger("raven.gateway.layer3")
+MAX_ANNOUNCED = 64  # CIDRs one agent may announce for its pool (a ROUTES frame may carry more: the gateway's)
 
 
 class Candidate:
     """An agent session that announced layer-3 CIDRs for a pool."""
 
-    __slots__ = ("agent", "allowed", "announced", "live", "own", "pool")
+    __slots__ = ("agent", "allowed", "announced", "announced_raw", "live", "own", "pool")
 
-    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: Policy) -> None:
+    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: Policy,
+                 announced_raw: tuple[str, ...] = ()) -> None:
         self.agent = agent
+        self.announced_raw = announced_raw  # the ROUTES frame's list as sent (an unchanged one costs nothing)
         self.pool = pool
         self.announced = announced
         self.allowed = allowed  # announced ∩ certificate (the configuration is applied by the policy)
@@ -53,6 +57,8 @@ class GatewayLayer3:
         self.candidates: dict[str, list[Candidate]] = collections.defaultdict(list)  # pool -> in arrival order
         self.active: dict[str, Candidate] = {}
         self.policy: Policy = cfg.policy({})
+        # The device's own addresses may also send to the pools (the gateway node itself), besides cloud_cidrs.
+        self._local = PrefixTable((ipaddress.ip_network(ipaddress.ip_interface(a).ip), "") for a in cfg.addresses)
         self._from_pools: dict[str, list[int]] = {}  # packets and bytes per pool in this loop turn
         self._count_scheduled = False
         self._log = RateLimitedLog(log)
@@ -78,6 +84,12 @@ class GatewayLayer3:
 
     def on_routes(self, agent: AgentSession, frame: wire.Routes) -> None:
         """An agent announced (or withdrew, with no CIDRs) its pool's CIDRs."""
+        same = next((c for c in self.candidates.get(frame.pool, ()) if c.agent is agent), None)
+        if same is not None and same.live and tuple(same.announced_raw) == frame.cidrs:
+            return  # nothing changed: no work, no log
+        if len(frame.cidrs) > MAX_ANNOUNCED:
+            self._refuse(agent, f"it announces {len(frame.cidrs)} CIDRs (at most {MAX_ANNOUNCED})")
+            return
         was_active = any(c.agent is agent for c in self.active.values())
         if not was_active or not frame.cidrs:
             self.detach(agent, quiet=True)
@@ -112,16 +124,18 @@ class GatewayLayer3:
         if was_active and current is not None and current.agent is agent:
             # The active agent announced again: it stays active, with what it announces now.
             current.announced, current.allowed, current.own = announced, allowed, own
-            log.info("layer3: agent %s (pool %s) announced again: %s", agent.agent, pool, ", ".join(announced))
+            current.announced_raw = frame.cidrs
+            self._log.info(agent.agent, "l3-announce", "layer3: agent %s (pool %s) announced again: %s", agent.agent,
+                           pool, ", ".join(announced))
             self._rebuild()
             return
         if was_active:
             self.detach(agent, quiet=True)  # it moved to another pool: let the old one elect again
-        cand = Candidate(agent, pool, announced, allowed, own)
+        cand = Candidate(agent, pool, announced, allowed, own, frame.cidrs)
         self.candidates[pool].append(cand)
         agent.session.on_datagram = lambda packet, c=cand: self._from_agent(c, packet)
-        log.info("layer3: agent %s (session %s) announced %s for pool %s", agent.agent, agent.session_id[:8],
-                 ", ".join(announced), pool)
+        self._log.info(agent.agent, "l3-announce", "layer3: agent %s (session %s) announced %s for pool %s",
+                       agent.agent, agent.session_id[:8], ", ".join(announced), pool)
         if pool not in self.active:
             self._elect(pool)
         else:
@@ -164,8 +178,10 @@ class GatewayLayer3:
         self._rebuild()
 
     def _reachable(self, pool: str) -> list[str]:
-        """What an agent of ``pool`` may reach through this gateway: the cloud and the allowed pools."""
-        out = [str(n) for n in self.policy.cloud]
+        """What an agent of ``pool`` may reach through this gateway: the cloud, this device's own addresses (the
+        gateway node itself), and the pools it may reach."""
+        own = [ipaddress.ip_network(ipaddress.ip_interface(a).ip) for a in self.cfg.addresses]
+        out = [str(n) for n in l3policy.collapse([*self.policy.cloud, *own])]  # own addresses only where not covered
         for a, b in self.policy.pairs:
             if a == pool:
                 out += [str(n) for n in self.policy.allowed(b)]
@@ -194,14 +210,14 @@ class GatewayLayer3:
         policy = self.policy
         counts: dict[str, list[int]] = {}
         for packet in packets:
-            verdict = policy.from_cloud(packet)
+            verdict = policy.from_cloud(packet, self._local)
             if verdict.drop is not None:
                 self._drop(verdict.drop)
                 continue
             pool = verdict.target
             assert pool is not None
             cand = self.active.get(pool)
-            if cand is None:
+            if cand is None or cand.agent.session.closed:
                 self._drop(Drop.NO_ROUTE)
             elif cand.agent.session.send_datagram(packet):
                 c = counts.setdefault(pool, [0, 0])

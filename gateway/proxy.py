@@ -302,7 +302,6 @@ class Proxy:
                         async with asyncio.timeout(self.cfg.body_timeout):
                             await self._send_body(request, stream, progress)
                     head = await stream.head()
-                ex.sent = progress.sent
                 return stream, head
             except TimeoutError:
                 if progress.waiting_for_client:
@@ -330,6 +329,8 @@ class Proxy:
             except BaseException:
                 stream.close()
                 raise
+            finally:
+                ex.sent += progress.sent  # every attempt's request body bytes, whatever became of it
         assert last is not None
         raise last
 
@@ -448,7 +449,11 @@ class Proxy:
             ex.code, ex.reason = "client-stalled", "the client stopped reading"
             self.metrics.front_refused.labels("write-stall").inc()
             return resp
-        await resp.write_eof()
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            ex.code, ex.reason = "client-gone", "the client left before the end of the response"
+            return resp
         ex.code, ex.observe = str(head.status), True
         return resp
 
@@ -505,10 +510,12 @@ class Proxy:
                     raise Refusal(502, f"agent {ex.agent} could not open {target.node}:{target.port}")
                 transport = request.transport
                 if transport is None:
+                    ex.code, ex.reason = "client-gone", "the client left before the tunnel opened"
                     return web.Response(status=499)
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
                                 ex.agent.encode("ascii", "replace") + b"\r\n\r\n")
                 log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, ex.agent, ex.pool)
+                ex.code = "200"  # the tunnel is open: however the relay ends, the request is counted as such
                 ex.sent, ex.received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
                                                         self.cfg.write_stall_timeout)
                 ex.code, ex.observe = "200", True

@@ -79,12 +79,14 @@ class TunnelEndpoint:
         self.layer3: GatewayLayer3 | None = None  # set by the service when layer3.enabled
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
         self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
+        self.routes_buckets = Buckets(cfg.register_rate, cfg.register_burst)
 
     def configure(self, cfg: GatewayConfig) -> None:
         """A reloaded configuration: caps and rates apply from the next handshake or registration on."""
         self.cfg = cfg
         for buckets, rate, burst in ((self.session_buckets, cfg.session_rate, cfg.session_burst),
-                                     (self.register_buckets, cfg.register_rate, cfg.register_burst)):
+                                     (self.register_buckets, cfg.register_rate, cfg.register_burst),
+                                     (self.routes_buckets, cfg.register_rate, cfg.register_burst)):
             buckets.rate, buckets.burst = rate, float(burst)
 
     TLS_LOG_EVERY = 60.0  # seconds: the same TLS failure is logged once per interval, with a count
@@ -181,7 +183,7 @@ class TunnelEndpoint:
         try:
             hello = handshake.read_hello(msg, self.limits)
         except handshake.HandshakeRefused as err:
-            await self._goaway(ws, err.reason)
+            await self._goaway(ws, err.reason, label=err.label, peer=peer)
             return None
         expected = claim.name
         if hello.agent != expected:
@@ -207,7 +209,7 @@ class TunnelEndpoint:
         try:
             handshake.choose_version(hello.versions)
         except handshake.HandshakeRefused as err:
-            await self._goaway(ws, err.reason)
+            await self._goaway(ws, err.reason, label=err.label, peer=peer)
             return None
         return hello
 
@@ -249,23 +251,28 @@ class TunnelEndpoint:
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs)
         # Set before the first frame is read (session.run below); a partial costs less than a closure and its cells.
         session.on_control = functools.partial(self._on_control, agent_session)
+        if self.layer3 is not None:
+            session.on_closing = functools.partial(self.layer3.detach, agent_session)
         self.last_session_at = time.monotonic()
         self.empty_since = None
         old = self.registry.add_session(agent_session)
-        if old is not None:
-            log.info("agent %s reconnected with session %s: closing the older one", hello.agent, hello.session[:8])
-            self._cancel_pending(old)
-            await old.session.close("replaced by a newer connection of the same session")
         for pool in pools:
             self.metrics.sessions.labels(pool).inc()
-        log.info("agent %s connected from %s (session %s, pools %s)", hello.agent, peer, hello.session[:8],
-                 ",".join(sorted(pools)))
-        if self.draining:
-            session.send_control(wire.Drain("gateway is draining"))
-        del hello, welcome, old  # this frame lives as long as the session (memory per idle session)
-        try:
+        try:  # from here on, whatever happens (a cancel while the older session closes), the finally undoes it
+            if old is not None:
+                log.info("agent %s reconnected with session %s: closing the older one", hello.agent,
+                         hello.session[:8])
+                self._cancel_pending(old)
+                await old.session.close("replaced by a newer connection of the same session")
+            log.info("agent %s connected from %s (session %s, pools %s)", hello.agent, peer, hello.session[:8],
+                     ",".join(sorted(pools)))
+            if self.draining:
+                session.send_control(wire.Drain("gateway is draining"))
+            del hello, welcome, old  # this frame lives as long as the session (memory per idle session)
             await session.run(messages(ws))
         finally:
+            if not session.closed:
+                await session.close("the tunnel handler ended")
             self._cancel_pending(agent_session)
             if self.layer3 is not None:
                 self.layer3.detach(agent_session)
@@ -283,6 +290,12 @@ class TunnelEndpoint:
             self._on_register(agent_session, frame)
         elif isinstance(frame, wire.Routes):
             if self.layer3 is not None:
+                # Rate-limited like registrations: each announcement costs the policy a rebuild.
+                if not self.routes_buckets.take(agent_session.agent):
+                    self.metrics.handshake_failures.labels("routes-rate").inc()
+                    self._log.warning(agent_session.agent, "routes-rate", "agent %s announces layer-3 CIDRs too "
+                                      "often (register_burst, then register_rate): ignored", agent_session.agent)
+                    return
                 self.layer3.on_routes(agent_session, frame)
             else:
                 self._log.info(agent_session.agent, "l3-off", "agent %s announced layer-3 CIDRs, but layer3 is "

@@ -208,7 +208,13 @@ class AgentLayer3(_Model):
         default_factory=list, description="addresses of the TUN device, ADDRESS/PREFIX (IPv4 and/or IPv6)",
     )
     cidrs: list[CIDR] = Field(
-        default_factory=list, description="the ranges this agent announces for its pool (nodes, pods)",
+        default_factory=list, max_length=64,
+        description="the ranges this agent announces for its pool (nodes, pods); at most 64",
+    )
+    accept_cidrs: list[CIDR] = Field(
+        default_factory=list,
+        description="the ranges a gateway may route through this agent's device (its offer is narrowed to them); "
+        "empty: what it offers, except anything broader than /8 (IPv4) or /16 (IPv6)",
     )
     batch: int = Field(DEFAULT_BATCH, ge=1, le=MAX_BATCH, description="packets read from the device per loop turn")
     manage_sysctls: bool = Field(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from raven.layer3.errors import Layer3Error
 from raven.layer3.policy import Drop
 from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
 from raven.layer3.tun import TunDevice, other_tun_devices
@@ -43,6 +44,7 @@ class Layer3Host:
         self.sysctls = Sysctls()
         self.wanted: tuple[str, ...] = ()
         self._install_task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()  # a new wanted set: cuts a retry's backoff short
         self._to_device: list[memoryview] = []
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,9 +70,11 @@ class Layer3Host:
             return
         self.device.stop()
         if self._install_task is not None:
+            # A netlink call in flight finishes (shielded, in its thread) before remove_all runs: one at a time.
             self._install_task.cancel()
             with contextlib.suppress(BaseException):
                 await self._install_task
+            await self.routes.idle()
         changes = await self.routes.remove_all()
         for line in changes.removed:
             log.info("layer3: removed %s", line)
@@ -92,6 +96,7 @@ class Layer3Host:
             self.wanted = wanted
             return
         self.wanted = wanted
+        self._changed.set()
         if self._install_task is None or self._install_task.done():
             self._install_task = self._loop.create_task(self._install())
 
@@ -99,7 +104,13 @@ class Layer3Host:
         delay, attempt = INSTALL_RETRY, 0
         while self.device is not None:
             cidrs = self.wanted
-            changes = await self.routes.reconcile([Route(c, table=MAIN_TABLE, device=self.name) for c in cidrs], [])
+            try:
+                changes = await self.routes.reconcile([Route(c, table=MAIN_TABLE, device=self.name) for c in cidrs], [])
+            except (OSError, NetlinkError, Layer3Error) as exc:
+                log.error("layer3: cannot change the routes of %s (%s): trying again in %.1fs", self.name, exc, delay)
+                await self._wait_retry(delay)
+                delay = min(delay * 2, INSTALL_RETRY_MAX)
+                continue
             for line in changes.added:
                 log.info("layer3: installed %s%s", line, f" (attempt {attempt + 1})" if attempt else "")
             for line in changes.removed:
@@ -111,8 +122,15 @@ class Layer3Host:
                 continue
             if not changes.failed:
                 return
-            await asyncio.sleep(delay)
+            await self._wait_retry(delay)
             delay, attempt = min(delay * 2, INSTALL_RETRY_MAX), attempt + 1
+
+    async def _wait_retry(self, delay: float) -> None:
+        """Back off, unless a new wanted set arrives first (a promotion must not wait for the backoff)."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._changed.wait()
 
     # ------------------------------------------------------------ packets
 

@@ -87,9 +87,14 @@ def collapse(nets: Iterable[Network]) -> list[Network]:
     v6 = [n for n in nets if n.version == IPV6]
     out: list[Network] = []
     for group in (v4, v6):
-        for n in sorted(set(group), key=lambda n: (n.network_address, n.prefixlen)):
-            if not any(n != o and n.subnet_of(o) for o in group):  # type: ignore[arg-type]
-                out.append(n)
+        # Two CIDRs are nested or disjoint: sorted by start (the larger first), a network that starts inside the
+        # last one kept lies inside it. O(n log n): a peer's list of a thousand CIDRs costs microseconds.
+        end = -1
+        for n in sorted(set(group), key=lambda n: (int(n.network_address), n.prefixlen)):
+            if int(n.broadcast_address) <= end:
+                continue
+            out.append(n)
+            end = int(n.broadcast_address)
     return out
 
 
@@ -182,12 +187,19 @@ class Policy:
 
     def _check_overlaps(self) -> None:
         owners = [(n, CLOUD) for n in self.cloud] + [(n, p) for p, nets in self.pools.items() for n in nets]
-        for i, (n1, o1) in enumerate(owners):
-            for n2, o2 in owners[i + 1 :]:
-                if o1 != o2 and n1.version == n2.version and n1.overlaps(n2):
-                    raise PolicyError(
-                        f"{n1} ({_name(o1)}) overlaps {n2} ({_name(o2)}): a destination must have one owner"
-                    )
+        # Nested or disjoint: sorted by (version, start, larger first), a network overlaps an earlier one only by
+        # lying inside the enclosing one still open; it must have that one's owner. O(n log n).
+        owners.sort(key=lambda item: (item[0].version, int(item[0].network_address), item[0].prefixlen))
+        enclosing: tuple[Network, str] | None = None
+        for net, owner in owners:
+            if enclosing is not None:
+                outer, outer_owner = enclosing
+                if outer.version == net.version and int(net.network_address) <= int(outer.broadcast_address):
+                    if owner != outer_owner:
+                        raise PolicyError(f"{outer} ({_name(outer_owner)}) overlaps {net} ({_name(owner)}): a "
+                                          "destination must have one owner")
+                    continue
+            enclosing = (net, owner)
 
     def allowed(self, pool: str) -> list[Network]:
         """The CIDRs the gateway routes to ``pool`` (config ∩ certificate)."""
@@ -211,12 +223,16 @@ class Policy:
             return _DROPS[Drop.EDGE_TO_EDGE_DENIED]
         return self._verdicts[owner]
 
-    def from_cloud(self, packet: bytes | bytearray | memoryview) -> Verdict:
-        """Decide on a packet read from the gateway's own TUN device (sent by the cloud side's kernel)."""
+    def from_cloud(self, packet: bytes | bytearray | memoryview, local: PrefixTable | None = None) -> Verdict:
+        """Decide on a packet read from the gateway's own TUN device (sent by the cloud side's kernel): its source
+        must be the cloud's (``cloud_cidrs``, or an address in ``local``: the device's own), else ``spoofed``
+        (whoever can route through the gateway node must not reach the pools with any source it likes)."""
         try:
-            version, _, dst = addresses(packet)
+            version, src, dst = addresses(packet)
         except PacketError:
             return _DROPS[Drop.MALFORMED]
+        if self._routes.lookup(version, src) != CLOUD and (local is None or local.lookup(version, src) is None):
+            return _DROPS[Drop.SPOOFED]
         owner = self._routes.lookup(version, dst)
         if owner is None or owner == CLOUD:
             return _DROPS[Drop.NO_ROUTE]

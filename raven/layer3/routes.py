@@ -25,6 +25,7 @@ Size: the wanted-state types, the reconcile of routes and of rules, and the sysc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -135,7 +136,20 @@ class RouteManager:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            return await on_netlink_loop(fn)
+            call = asyncio.ensure_future(on_netlink_loop(fn))
+            try:
+                return await asyncio.shield(call)
+            except asyncio.CancelledError:
+                # The thread cannot be stopped: hold the lock until it is done, so no second call runs beside it.
+                with contextlib.suppress(BaseException):
+                    await call
+                raise
+
+    async def idle(self) -> None:
+        """Until no netlink call of this manager is in flight."""
+        if self._lock is not None:
+            async with self._lock:
+                pass
 
     async def reconcile(self, routes: Iterable[Route], rules: Iterable[Rule]) -> Changes:
         """Make Raven's routes and rules exactly ``routes`` and ``rules``; see the module docstring."""

@@ -87,14 +87,21 @@ def gateway_side(hello: wire.Hello, welcome: wire.Welcome) -> Agreement:
     )
 
 
+MIN_HEARTBEAT_INTERVAL = 0.5  # seconds: a gateway cannot make an agent ping in a loop
+
+
 def agent_side(hello: wire.Hello, welcome: wire.Welcome) -> Agreement:
-    """The agent's session: it grants ``hello.window`` and accepts at most ``hello.max_streams``."""
+    """The agent's session: it grants ``hello.window`` and accepts at most ``hello.max_streams``.
+
+    The gateway's heartbeat is taken within bounds: an interval of at least half a second, and a timeout of at
+    least twice the interval (a gateway cannot make the agent spin, nor its sessions flap)."""
+    interval = max(welcome.heartbeat_interval, MIN_HEARTBEAT_INTERVAL)
     return Agreement(
         version=welcome.version,
         local_window=hello.window,
         peer_window=welcome.window,
         local_max_streams=hello.max_streams,
         peer_max_streams=welcome.max_streams,
-        heartbeat_interval=welcome.heartbeat_interval,
-        heartbeat_timeout=welcome.heartbeat_timeout,
+        heartbeat_interval=interval,
+        heartbeat_timeout=max(welcome.heartbeat_timeout, 2 * interval),
     )

@@ -670,7 +670,7 @@ def split_registered(
 
 
 def decode(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Frame:
-    """Parse one WebSocket message into one frame.
+    """Parse one frame (a version-1 message, or one of split_batch's views of a version-2 message).
 
     Raises :class:`ProtocolError` (and nothing else) for any malformed input. Its
     ``stream_id`` is non-zero when only that stream is affected.

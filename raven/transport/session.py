@@ -114,6 +114,12 @@ class Stream:
 
     def _on_data(self, data: memoryview, fin: bool) -> None:
         if data:
+            # A chunk is a view into its whole received message: while it waits here it keeps the message alive.
+            # Where it is under half of a batched message (other frames beside it), it is copied out, so that
+            # what a stream holds stays within twice its window however the peer packs its messages.
+            owner = data.obj
+            if isinstance(owner, bytes | bytearray) and len(data) * 2 < len(owner):
+                data = memoryview(bytes(data))
             self._chunks.append(data)
             self.bytes_in += len(data)
         if fin:
@@ -257,6 +263,7 @@ class Session:
         "_closed_fut",
         "_in_transit",
         "_out_waiter",
+        "_over_limit",
         "_room_waiters",
         "_tasks",
         "_writer_task",
@@ -264,6 +271,7 @@ class Session:
         "heartbeat_interval",
         "loop",
         "name",
+        "on_closing",
         "on_control",
         "on_datagram",
         "on_open",
@@ -308,11 +316,13 @@ class Session:
         self.on_open = on_open
         self.on_control = on_control
         self.on_datagram: Callable[[memoryview], None] | None = None
+        self.on_closing: Callable[[], None] | None = None  # told at once when the session starts to close
         self.on_stream_closed = on_stream_closed
         self.streams: dict[int, Stream] = {}
         self._writer_task: asyncio.Task[None] | None = None
         self._out_waiter: asyncio.Future[None] | None = None
         self._in_transit = 0  # bytes the writer took from the core and has not finished sending
+        self._over_limit = False
         self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
@@ -430,6 +440,10 @@ class Session:
             await self.wait_closed()
             return
         self._closed = True
+        if self.on_closing is not None:
+            # Before the transport's close (up to seconds): layer 3 promotes another agent at once.
+            with contextlib.suppress(Exception):
+                self.on_closing()
         self._handle(self.core.close(code, reason))
         for stream in list(self.streams.values()):  # a stream the core had already let go
             stream._on_reset(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
@@ -566,9 +580,11 @@ class Session:
         if not pending or self._closed:
             return
         if pending + self._in_transit > self.HARD_LIMIT:
-            log.warning("session %s: %d bytes queued and the peer is not reading them: closing", self.name,
-                        pending + self._in_transit)
-            self._close_soon(f"peer not reading: over {self.HARD_LIMIT} bytes queued")
+            if not self._over_limit:  # once: every later kick until the close would log and spawn again
+                self._over_limit = True
+                log.warning("session %s: %d bytes queued and the peer is not reading them: closing", self.name,
+                            pending + self._in_transit)
+                self._close_soon(f"peer not reading: over {self.HARD_LIMIT} bytes queued")
             return
         if self._writer_task is None:
             self._writer_task = self.loop.create_task(self._writer())

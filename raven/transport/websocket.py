@@ -1,4 +1,5 @@
-"""Carry a session over an aiohttp WebSocket (either side): one binary message, one frame."""
+"""Carry a session over an aiohttp WebSocket (either side): binary messages only (one frame each in protocol
+version 1, a batch of frames in version 2)."""
 
 from __future__ import annotations
 

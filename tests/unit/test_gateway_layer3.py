@@ -66,7 +66,8 @@ def test_the_first_agent_is_active_and_routes_are_config_and_certificate_and_ann
     assert [str(n) for n in l3.policy.allowed("site-a")] == ["10.20.0.0/16"]
     told_a = a.session.control[-1]  # type: ignore[attr-defined]
     told_b = b.session.control[-1]  # type: ignore[attr-defined]
-    assert isinstance(told_a, wire.Routes) and told_a.active and told_a.cidrs == ("10.96.0.0/16",)
+    assert isinstance(told_a, wire.Routes) and told_a.active
+    assert told_a.cidrs == ("10.77.0.1/32", "10.96.0.0/16")  # the gateway node itself and the cloud
     assert isinstance(told_b, wire.Routes) and not told_b.active
 
 
@@ -80,7 +81,7 @@ def test_the_standby_is_promoted_when_the_active_session_ends_and_a_reannounceme
     a.session.closed = True  # type: ignore[misc]
     l3.detach(a)
     assert l3.active["site-a"].agent is b
-    assert b.session.control[-1] == wire.Routes(("10.96.0.0/16",), active=True)  # type: ignore[attr-defined]
+    assert b.session.control[-1] == wire.Routes(("10.77.0.1/32", "10.96.0.0/16"), active=True)  # type: ignore[attr-defined]
     l3.detach(b)
     assert "site-a" not in l3.active and l3.policy.allowed("site-a") == []
 

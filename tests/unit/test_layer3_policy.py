@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raven.layer3.policy import CLOUD, Drop, Policy, PolicyError, intersect
+from raven.layer3.policy import CLOUD, Drop, Policy, PolicyError, PrefixTable, intersect
 from tests.unit.test_layer3_packet import ipv4, ipv6
 
 CLOUD_CIDRS = ["10.96.0.0/12", "10.0.0.0/16", "fd00:c::/48"]
@@ -45,6 +45,11 @@ def test_the_rules(policy: Policy) -> None:
     assert policy.from_cloud(ipv4(v4("10.100.0.1"), v4("10.3.2.1"))).target == "c"
     assert policy.from_cloud(ipv4(v4("10.100.0.1"), v4("10.100.0.2"))).drop == Drop.NO_ROUTE  # cloud to cloud
     assert policy.from_cloud(b"").drop == Drop.MALFORMED
+    # From the cloud side, a source outside cloud_cidrs (anyone routing through the gateway node) is spoofed,
+    # unless it is one of the device's own addresses.
+    assert policy.from_cloud(ipv4(v4("192.0.2.9"), v4("10.3.2.1"))).drop == Drop.SPOOFED
+    local = PrefixTable([(ipaddress.ip_network("192.0.2.9/32"), "")])
+    assert policy.from_cloud(ipv4(v4("192.0.2.9"), v4("10.3.2.1")), local).target == "c"
 
 
 def test_certificate_narrows_a_pools_cidrs() -> None:
@@ -86,6 +91,8 @@ def reference(pool: str | None, src: int, dst: int, version: int) -> str | Drop:
     nets += [(ipaddress.ip_network(n), p) for p, ns in POOLS.items() for n in ns]
     if pool is not None and not any(s in n for n, o in nets if o == pool):
         return Drop.SPOOFED
+    if pool is None and not any(s in n for n, o in nets if o == CLOUD):
+        return Drop.SPOOFED  # from the cloud side: the source must be the cloud's
     matches = sorted(((n.prefixlen, o) for n, o in nets if d in n), reverse=True)
     if not matches or matches[0][1] == pool or (pool is None and matches[0][1] == CLOUD):
         return Drop.NO_ROUTE

@@ -226,3 +226,19 @@ async def test_an_idle_session_keeps_no_writer_task_but_keeps_its_heartbeat() ->
         stream.close()
     finally:
         await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_a_small_chunk_of_a_large_batched_message_does_not_keep_the_message_alive() -> None:
+    gw, ag, tasks = await pair(lambda s: None)
+    try:
+        stream = gw.open_stream(http_open())
+        # The agent's HEAD, then 1 byte of DATA beside a 512 KiB DRAIN-sized filler in one version-2 message:
+        # the byte must not pin the whole message while it waits to be read.
+        filler = wire.encode(wire.Drain("x" * 1000))
+        message = batched(wire.encode(wire.Head(stream.id, 200)), wire.encode_data(stream.id, b"z"),
+                          *([filler] * 500))
+        gw.feed(message)
+        chunk = stream._chunks[0]
+        assert bytes(chunk) == b"z" and len(chunk.obj) == 1  # type: ignore[arg-type]
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
