@@ -120,3 +120,24 @@ def test_status_shows_the_active_agent_and_the_routes_of_each_pool() -> None:
     text = render_text({"replica": "r", "replicas": 1, "uptime_seconds": 1, "ready": True, "ready_reason": "ok",
                         "draining": False, "pools": [], "nodes": [], "layer3": snap})
     assert "site-a       a             10.20.0.0/16  -" in text
+
+
+def test_announcements_are_bounded_and_an_unchanged_one_costs_nothing() -> None:
+    l3, _ = runtime()
+    a = agent("a")
+    many = tuple(f"10.20.{i}.0/24" for i in range(65))
+    l3.on_routes(a, wire.Routes(many, pool="site-a"))
+    assert "site-a" not in l3.active  # over 64 CIDRs: refused
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    sent = len(a.session.control)  # type: ignore[attr-defined]
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))  # the same again
+    assert len(a.session.control) == sent and l3.active["site-a"].agent is a  # type: ignore[attr-defined]
+
+
+def test_cloud_side_packets_need_a_cloud_source_or_the_gateways_own() -> None:
+    l3, metrics = runtime()
+    a = agent("a")
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    l3._from_device([ipv4("10.96.1.1", "10.20.0.9"), ipv4("10.77.0.1", "10.20.0.9"), ipv4("192.0.2.1", "10.20.0.9")])
+    assert a.session.datagrams == [ipv4("10.96.1.1", "10.20.0.9"), ipv4("10.77.0.1", "10.20.0.9")]  # type: ignore[attr-defined]
+    assert drops(metrics, "spoofed") == 1

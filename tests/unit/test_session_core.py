@@ -160,3 +160,11 @@ def test_routes_frames_round_trip_and_hostile_ones_are_refused() -> None:
         wire.decode(wire.HEADER.pack(wire.FrameType.ROUTES, 0, 0) + b'{"cidrs": ["x"], "active": 1}')
     with pytest.raises(wire.ProtocolError):
         wire.decode(wire.HEADER.pack(wire.FrameType.DATAGRAM, 0, 0))  # an empty packet
+
+
+def test_an_agent_bounds_the_heartbeat_a_gateway_asks_for() -> None:
+    hello = wire.Hello("a", "s")
+    welcome = wire.Welcome(2, "r", 1, heartbeat_interval=1e-9, heartbeat_timeout=1e-9)
+    agreed = handshake.agent_side(hello, welcome)
+    assert agreed.heartbeat_interval == handshake.MIN_HEARTBEAT_INTERVAL
+    assert agreed.heartbeat_timeout == 2 * handshake.MIN_HEARTBEAT_INTERVAL
