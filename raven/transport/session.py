@@ -265,6 +265,7 @@ class Session:
         "_out_waiter",
         "_over_limit",
         "_room_waiters",
+        "_send_since",
         "_tasks",
         "_writer_task",
         "core",
@@ -283,6 +284,7 @@ class Session:
     HIGH_WATER = 1 << 20  # bytes queued for the transport before stream writers wait
     LOW_WATER = 256 * 1024
     HARD_LIMIT = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
+    WRITE_STALL_TIMEOUTS = 3  # a write waiting this many heartbeat timeouts for the peer to read ends the session
 
     def __init__(
         self,
@@ -323,6 +325,7 @@ class Session:
         self._out_waiter: asyncio.Future[None] | None = None
         self._in_transit = 0  # bytes the writer took from the core and has not finished sending
         self._over_limit = False
+        self._send_since: float | None = None  # when the send in progress began (a stalled peer is cut off)
         self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
@@ -428,7 +431,15 @@ class Session:
         self._kick()
 
     def tick(self, now: float) -> None:
-        """Called by :class:`Heartbeats`: close a silent session, or send the next PING."""
+        """Called by :class:`Heartbeats`: close a silent session, or one whose peer has read nothing for the
+        heartbeat timeout (it may still send, so the silence check alone would not see it), or send the PING."""
+        since = self._send_since
+        deadline = self.WRITE_STALL_TIMEOUTS * self.core.heartbeat_timeout
+        if since is not None and now - since > deadline and not self._closed:
+            log.warning("session %s: a write has waited %.1fs for the peer to read (deadline %.1fs): closing",
+                        self.name, now - since, deadline)
+            self._close_soon(f"peer not reading: a write stalled for {now - since:.1f}s")
+            return
         events = self.core.tick(now)
         if events:
             self._handle(events)
@@ -618,7 +629,9 @@ class Session:
                 for message in messages:
                     self._in_transit += len(message)
                 for message in messages:
+                    self._send_since = self.loop.time()
                     await self.sink.send(message)
+                    self._send_since = None
                     self._in_transit -= len(message)
                 if self._room_waiters and self._queued <= self.LOW_WATER:
                     waiters, self._room_waiters = self._room_waiters, []

@@ -242,3 +242,19 @@ async def test_a_small_chunk_of_a_large_batched_message_does_not_keep_the_messag
         assert bytes(chunk) == b"z" and len(chunk.obj) == 1  # type: ignore[arg-type]
     finally:
         await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_a_peer_that_sends_but_never_reads_is_cut_off() -> None:
+    """The peer keeps the session alive with PINGs but reads nothing: the stalled write ends the session."""
+    s = Session(_StuckSink(), opener=True, name="deaf", local_window=1024, peer_window=1024,
+                local_max_streams=1, peer_max_streams=1)
+    s.start(0.1, 0.3)  # the write deadline: 3 heartbeat timeouts, 0.9 s
+    s.send_control(wire.Drain("anything"))  # a write that will never complete
+    ping = batched(wire.encode(wire.Ping(1)))
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while not s.closed and loop.time() < end:
+        s.feed(ping)  # never silent, so the heartbeat's silence check alone would not close it
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(s.wait_closed(), 3)
+    assert "a write stalled" in s.close_reason
