@@ -129,6 +129,8 @@ class Session:
         "_out",
         "_ping_sent",
         "_ping_seq",
+        "_void_at",
+        "_void_tokens",
         "batched",
         "close_code",
         "close_reason",
@@ -152,6 +154,10 @@ class Session:
 
     BATCH_BUDGET: Final = 128 * 1024  # bytes of frames per batched message (every peer accepts 256 KiB)
     DATAGRAM_QUEUE: Final = 256 * 1024  # bytes of layer-3 packets waiting to go; more are dropped, never queued
+    # Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
+    # the sender nothing: a peer may send this many per second after a burst, then the session ends.
+    VOID_RATE: Final = 1000.0
+    VOID_BURST: Final = 10000.0
 
     def __init__(
         self,
@@ -196,6 +202,8 @@ class Session:
         self._ping_seq = 0
         self._ping_sent: tuple[int, float] | None = None
         self._next_ping = now + heartbeat_interval
+        self._void_tokens = self.VOID_BURST
+        self._void_at = now
 
     def set_heartbeat(self, interval: float, timeout: float, now: float) -> None:
         """The heartbeat agreed in the handshake, counted from ``now``."""
@@ -447,6 +455,10 @@ class Session:
             self._events.append(StreamAborted(err.stream_id, err.code, err.reason, False))
             self._events.append(StreamClosed(err.stream_id))
         self._queue(wire.Reset(err.stream_id, err.code, err.reason))
+        try:
+            self._void()  # each costs a RESET: a peer that provokes them without end is cut off
+        except wire.ProtocolError as void:
+            self._on_error(void)
 
     def _end(self, reason: str, code: int, goaway: bool) -> None:
         self.closed = True
@@ -485,6 +497,8 @@ class Session:
             data = frame.data if isinstance(frame.data, memoryview) else memoryview(frame.data)
             if data:
                 st.recv.received(len(data), st.id)
+            elif not frame.fin:
+                self._void()
             if frame.fin:
                 self._remote_step(st, Step.FIN)
             events.append(DataReceived(st.id, data, frame.fin))
@@ -539,15 +553,26 @@ class Session:
     def _is_own_id(self, stream_id: int) -> bool:
         return (stream_id % 2 == 1) == self.opener
 
+    def _void(self) -> None:
+        """Count a frame that does nothing; past the allowance the session ends (a session error)."""
+        now = self.last_rx  # set to the caller's now for every message received
+        tokens = min(self.VOID_BURST, self._void_tokens + (now - self._void_at) * self.VOID_RATE)
+        self._void_at = now
+        if tokens < 1.0:
+            raise wire.ProtocolError(f"more than {self.VOID_RATE:.0f} frames per second that do nothing (empty "
+                                     "DATA, frames for streams that ended or never were)")
+        self._void_tokens = tokens - 1.0
+
     def _stream_for(self, stream_id: int) -> StreamState | None:
         st = self.streams.get(stream_id)
         if st is not None:
             return st
-        # A frame for a stream that already ended (it raced with our RESET or END) is dropped; a frame for a
-        # stream that never existed is a protocol error.
+        # A frame for a stream that already ended (it raced with our RESET or END) is dropped (and counted as
+        # doing nothing); a frame for a stream that never existed is a protocol error (counted in _on_error).
         known = stream_id < self._next_id if self._is_own_id(stream_id) else stream_id <= self._last_peer_id
         if not known:
             raise wire.ProtocolError(f"frame for unknown stream {stream_id}", stream_id)
+        self._void()
         return None
 
     def _on_open(self, frame: wire.Open) -> None:

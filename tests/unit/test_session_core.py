@@ -168,3 +168,22 @@ def test_an_agent_bounds_the_heartbeat_a_gateway_asks_for() -> None:
     agreed = handshake.agent_side(hello, welcome)
     assert agreed.heartbeat_interval == handshake.MIN_HEARTBEAT_INTERVAL
     assert agreed.heartbeat_timeout == 2 * handshake.MIN_HEARTBEAT_INTERVAL
+
+
+def test_a_peer_flooding_frames_that_do_nothing_is_cut_off() -> None:
+    gw, ag = pair()
+    sid = gw.open_stream(op(fin=False))
+    relay(gw, ag)
+    empty = wire.length_prefix(6) + wire.encode_data(sid, b"")
+    burst = empty * 2000  # one message of 2,000 empty DATA frames
+    for _ in range(5):
+        ag.receive(burst, 0.0)  # 10,000 at once: the whole burst allowance
+    assert not ag.closed
+    events = ag.receive(burst, 0.0)
+    assert ag.closed and isinstance(events[-1], SessionEnded) and "do nothing" in events[-1].reason
+    gw2, ag2 = pair()
+    sid2 = gw2.open_stream(op(fin=False))
+    relay(gw2, ag2)
+    for t in range(20):  # at the allowed rate it goes on
+        ag2.receive(empty * 900, float(t))
+    assert not ag2.closed and ag2.alive(sid2)
