@@ -1,8 +1,9 @@
 """The tunnel protocol's sans-I/O core: no asyncio, no aiohttp; bytes in, events out, ``data_to_send()`` out.
 
 - ``wire``: the codec (frames, batched messages from version 2, strict and bounded decoding);
-- ``session``: the session state machine (stream table and ids, each stream's halves as a transition table,
-  flow-control accounting, heartbeat deadlines driven by a ``now`` passed in, outgoing frames);
+- ``session``: the session state machine (stream table and ids, heartbeat deadlines driven by a ``now`` passed in);
+- ``stream``: one stream's halves as a transition table, its flow accounts and errors;
+- ``outbox``: what a session has to send, batched into messages (frames first, then layer-3 packets);
 - ``events``: what ``session`` reports;
 - ``handshake``: HELLO/WELCOME, the version both sides speak, what each side builds its session with;
 - ``flow``: per-stream credit accounting (windows);

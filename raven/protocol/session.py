@@ -5,26 +5,18 @@ No asyncio, no sockets, no clock of its own: the caller passes ``now`` (seconds,
 flow-control accounting, the heartbeat deadlines and the outgoing frames; raven/transport/ runs it over a
 WebSocket, and tests drive two of them against each other in memory.
 
-Each direction of a stream is a small machine (h11's ``_state.py`` idea: the rules as a table)::
+One stream's halves, their transition table and its flow accounts are raven/protocol/stream.py; here they are
+kept in a table and moved by frames in and calls out. A stream leaves the table when both halves are DONE or it
+was reset; ids are never reused.
 
-    HEAD --HEAD--> BODY --DATA--> BODY --FIN--> DONE          HEAD --HEAD+FIN--> DONE
-
-The opener's (gateway's) sending half starts in BODY (its OPEN was the head) and its receiving half in HEAD
-(the response head comes first); the acceptor's (agent's) halves are the mirror. An OPEN with FIN starts the
-request half in DONE. A RESET, sent or received, ends both halves at once. A stream leaves the table when both
-halves are DONE or it was reset; ids are never reused.
-
-Size: one state machine: the stream table, both halves' transitions, flow accounting, the heartbeat and the
-output queue (stream frames, then datagrams) are one object's state; split, they would share it through
-back-references.
+Size: one state machine: the stream table, the ids, the heartbeat and what to send (raven/protocol/outbox.py)
+are one object's state, driven by the same frames; split further, they would share it through back-references.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Final
 
-from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.events import (
     ControlReceived,
@@ -39,94 +31,30 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
-from raven.protocol.flow import RecvWindow, SendCredit
+from raven.protocol.outbox import Outbox
+from raven.protocol.stream import (  # re-exported: the core's public names
+    TRANSITIONS,
+    WHY_NOT,
+    Half,
+    LocalProtocolError,
+    Step,
+    StreamReset,
+    StreamState,
+    code_name,
+)
 
+__all__ = ["TRANSITIONS", "Half", "LocalProtocolError", "Session", "Step", "StreamReset", "StreamState", "code_name"]
 
-class Half(enum.IntEnum):
-    """Where one direction of a stream is."""
-
-    HEAD = 0  # the head must come first
-    BODY = 1  # data may flow
-    DONE = 2  # FIN sent or received: nothing more in this direction
-
-
-class Step(enum.IntEnum):
-    HEAD = 0
-    HEAD_FIN = 1
-    DATA = 2
-    FIN = 3  # END, or the FIN flag on DATA (after its data)
-
-
-# The whole lifecycle of one direction: a (state, step) pair not in the table breaks the protocol.
-TRANSITIONS: Final[dict[tuple[Half, Step], Half]] = {
-    (Half.HEAD, Step.HEAD): Half.BODY,
-    (Half.HEAD, Step.HEAD_FIN): Half.DONE,
-    (Half.BODY, Step.DATA): Half.BODY,
-    (Half.BODY, Step.FIN): Half.DONE,
-}
-
-_WHY_NOT: Final[dict[tuple[Half, Step], str]] = {
-    (Half.BODY, Step.HEAD): "second HEAD on stream",
-    (Half.BODY, Step.HEAD_FIN): "second HEAD on stream",
-    (Half.DONE, Step.HEAD): "HEAD after END",
-    (Half.DONE, Step.HEAD_FIN): "HEAD after END",
-    (Half.HEAD, Step.DATA): "DATA before HEAD",
-    (Half.HEAD, Step.FIN): "END before HEAD",
-    (Half.DONE, Step.DATA): "DATA after END",
-    (Half.DONE, Step.FIN): "END after END",
-}
-
-
-class StreamReset(RavenError):
-    """The stream was reset, by the peer or locally. ``code`` is a :class:`wire.ResetCode`."""
-
-    def __init__(self, code: int, reason: str, *, remote: bool) -> None:
-        super().__init__(f"{code_name(code)}: {reason}")
-        self.code = code
-        self.reason = reason
-        self.remote = remote
-
-
-class LocalProtocolError(RavenError, RuntimeError):
-    """This side tried something the protocol does not allow (a bug in the caller, never the peer's doing)."""
-
-
-def code_name(code: int) -> str:
-    try:
-        return wire.ResetCode(code).name
-    except ValueError:
-        return f"code {code}"
-
-
-class StreamState:
-    """The protocol's view of one stream: both halves and both flow-control accounts."""
-
-    __slots__ = ("credit", "id", "local", "open", "recv", "remote")
-
-    def __init__(self, stream_id: int, open_frame: wire.Open, local: Half, remote: Half, window: int,
-                 peer_window: int) -> None:
-        self.id = stream_id
-        self.open = open_frame
-        self.local = local
-        self.remote = remote
-        self.recv = RecvWindow(window)
-        self.credit = SendCredit(peer_window)
-
-
-_Out = tuple[bytes, "bytes | memoryview | None"]
 
 
 class Session:
     """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids)."""
 
     __slots__ = (
-        "_datagram_bytes",
-        "_datagrams",
         "_events",
         "_last_peer_id",
         "_next_id",
         "_next_ping",
-        "_out",
         "_ping_sent",
         "_ping_seq",
         "_void_at",
@@ -143,17 +71,17 @@ class Session:
         "local_max_streams",
         "local_window",
         "opener",
+        "out",
         "peer_draining",
         "peer_max_streams",
         "peer_window",
-        "pending_bytes",
         "rtt",
         "streams",
         "version",
     )
 
-    BATCH_BUDGET: Final = 128 * 1024  # bytes of frames per batched message (every peer accepts 256 KiB)
-    DATAGRAM_QUEUE: Final = 256 * 1024  # bytes of layer-3 packets waiting to go; more are dropped, never queued
+    BATCH_BUDGET: Final = Outbox.BATCH_BUDGET
+    DATAGRAM_QUEUE: Final = Outbox.DATAGRAM_QUEUE
     # Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
     # the sender nothing: a peer may send this many per second after a burst, then the session ends.
     VOID_RATE: Final = 1000.0
@@ -186,11 +114,7 @@ class Session:
         self.streams: dict[int, StreamState] = {}
         self._next_id = 1 if opener else 2
         self._last_peer_id = 0
-        self._out: list[_Out] = []  # everything queued leaves at once (data_to_send): a list, not a deque
-        self.pending_bytes = 0  # bytes queued and not yet taken by data_to_send()
-        # Layer-3 packets wait apart and go after the streams' frames, so that layer 7 keeps its latency.
-        self._datagrams: list[_Out] = []
-        self._datagram_bytes = 0
+        self.out = Outbox(self.batched)
         self.datagrams_dropped = 0
         self._events: list[Event] = []
         self.closed = False
@@ -237,42 +161,16 @@ class Session:
     # ------------------------------------------------------------ output
 
     def _queue(self, frame: wire.Frame) -> None:
-        encoded = wire.encode(frame)
-        if self.batched:
-            self._out.append((wire.length_prefix(len(encoded)), encoded))
-            self.pending_bytes += 4 + len(encoded)
-        else:
-            self._out.append((encoded, None))
-            self.pending_bytes += len(encoded)
+        self.out.frame(frame)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes queued and not yet taken by :meth:`data_to_send`."""
+        return self.out.pending_bytes
 
     def data_to_send(self) -> list[bytes]:
         """Every queued frame as WebSocket messages: one per frame in version 1, batched from version 2."""
-        out = self._out
-        if self._datagrams:
-            out += self._datagrams
-            self._datagrams = []
-            self._datagram_bytes = 0
-        if not out:
-            return []
-        self._out = []
-        self.pending_bytes = 0
-        if not self.batched:
-            return [head if body is None else head + body for head, body in out]
-        budget = self.BATCH_BUDGET
-        messages: list[bytes] = []
-        parts: list[bytes | memoryview] = []
-        size = 0
-        for head, body in out:
-            n = len(head) + (0 if body is None else len(body))
-            if parts and size + n > budget:
-                messages.append(b"".join(parts))
-                parts, size = [], 0
-            parts.append(head)
-            if body is not None:
-                parts.append(body)
-            size += n
-        messages.append(parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
-        return messages
+        return self.out.take()
 
     # ------------------------------------------------------------ local actions
 
@@ -300,7 +198,7 @@ class Session:
     def _local_next(st: StreamState, step: Step) -> Half:
         nxt = TRANSITIONS.get((st.local, step))
         if nxt is None:
-            raise LocalProtocolError(f"stream {st.id}: {_WHY_NOT.get((st.local, step), 'not allowed')} (local)")
+            raise LocalProtocolError(f"stream {st.id}: {WHY_NOT.get((st.local, step), 'not allowed')} (local)")
         return nxt
 
     def _stream(self, stream_id: int) -> StreamState:
@@ -333,11 +231,7 @@ class Session:
             return 0
         if last:
             st.local = self._local_next(st, Step.FIN)
-        chunk = view[:n] if n < len(view) else view
-        if not chunk.readonly:
-            chunk = memoryview(bytes(chunk))
-        self._out.append((wire.data_header(stream_id, n, last, self.batched), chunk))
-        self.pending_bytes += (10 if self.batched else 6) + n
+        self.out.data(stream_id, view[:n] if n < len(view) else view, last)
         if last:
             self._release_if_done(st)
         return n
@@ -367,19 +261,9 @@ class Session:
 
     def send_datagram(self, packet: bytes | bytearray | memoryview) -> bool:
         """Queue one IP packet (version 2 sessions). False: dropped, the queue is full or the packet too big."""
-        if self.closed or not self.batched or len(packet) > self.limits.max_data:
+        if self.closed or len(packet) > self.limits.max_data or not self.out.datagram(packet):
             self.datagrams_dropped += 1
             return False
-        size = wire.HEADER_SIZE + len(packet) + 4
-        if self._datagram_bytes + size > self.DATAGRAM_QUEUE:
-            self.datagrams_dropped += 1
-            return False
-        view = packet if isinstance(packet, memoryview) else memoryview(packet)
-        if not view.readonly:
-            view = memoryview(bytes(view))
-        self._datagrams.append((wire.datagram_header(len(view)), view))
-        self._datagram_bytes += size
-        self.pending_bytes += size
         return True
 
     def send_control(self, frame: wire.ControlFrame) -> None:
@@ -464,9 +348,7 @@ class Session:
         self.closed = True
         self.close_reason = reason
         self.close_code = code
-        self.pending_bytes -= self._datagram_bytes
-        self._datagrams = []
-        self._datagram_bytes = 0
+        self.out.drop_datagrams()
         if goaway:
             self._queue(wire.GoAway(code, reason))
         events = self._events
@@ -479,7 +361,7 @@ class Session:
     def _remote_step(self, st: StreamState, step: Step) -> None:
         nxt = TRANSITIONS.get((st.remote, step))
         if nxt is None:
-            raise wire.ProtocolError(_WHY_NOT.get((st.remote, step), "frame not allowed here"), st.id)
+            raise wire.ProtocolError(WHY_NOT.get((st.remote, step), "frame not allowed here"), st.id)
         st.remote = nxt
 
     def _closed_by_peer(self, st: StreamState) -> None:
