@@ -1,7 +1,7 @@
 """Write raven.prometheusrule.yaml (a PrometheusRule for the Prometheus Operator) from raven.rules.yaml.
 
     python deploy/prometheus/rules/generate.py           # rewrite raven.prometheusrule.yaml
-    python deploy/prometheus/rules/generate.py --check   # exit 1 if it is stale (tests/integration/test_rules.py checks too)
+    python deploy/prometheus/rules/generate.py --check   # exit 1 if stale (tests/integration/test_rules.py checks too)
 
 raven.rules.yaml is the source: edit it, run its unit tests (promtool test rules tests/*.yaml), regenerate.
 """
