@@ -18,6 +18,7 @@ import logging
 from raven.layer3 import policy as l3policy
 from raven.layer3.config import AgentLayer3 as Layer3Config
 from raven.layer3.host import Layer3Host
+from raven.layer3.lanaddress import FloatingAddress
 from raven.layer3.policy import Drop, Policy
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
@@ -41,14 +42,26 @@ class AgentLayer3:
         self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
         self.policy = Policy((), {pool: cfg.cidrs})
         self.accept = [l3policy.network(c) for c in cfg.accept_cidrs]
+        self.lan: FloatingAddress | None = None
+        if cfg.lan_address is not None:
+            self.lan = FloatingAddress(cfg.lan_address, cfg.lan_device, cfg.device,
+                                       on_change=lambda held: self.metrics.l3_lan_address.set(1 if held else 0))
         self._log = RateLimitedLog(log)
 
     async def start(self) -> None:
         await self.host.open(self._from_device)
+        if self.lan is not None:
+            try:
+                await self.lan.start()
+            except BaseException:
+                await self.host.close()
+                raise
         log.info("layer3: device %s up; announcing %s for pool %s", self.cfg.device, ", ".join(self.cfg.cidrs),
                  self.pool)
 
     async def close(self) -> None:
+        if self.lan is not None:
+            await self.lan.close()  # first: the nodes stop sending here before the routes go
         await self.host.close()
         self.metrics.l3_active.set(0)
 
@@ -121,6 +134,8 @@ class AgentLayer3:
             return
         self.metrics.l3_active.set(1 if active else 0)
         self.host.route(reachable)
+        if self.lan is not None:
+            self.lan.hold(bool(active))
 
     # ------------------------------------------------------------ packets
 

@@ -115,7 +115,8 @@ uplink() {
 #   r3-a-rtr wan0 10.230.0.2 (NAT)               r3-b-rtr wan0 10.230.0.3 (NAT)
 #      │ lan 10.220.1.1/24                          │ lan 10.221.1.1/24
 #      ├─ r3-a-gw  10.220.1.2  (agents: raven0, raven1)   └─ r3-b-gw 10.221.1.2 (agent: raven0)
-#      └─ r3-a-n1  10.220.1.11 (raven routes via 10.220.1.2)
+#      ├─ r3-a-gw2 10.220.1.3  (a second gateway node: agent raven0, started by the tests that use it)
+#      └─ r3-a-n1  10.220.1.11 (raven routes via 10.220.1.100, site a's floating address: the active agent's node)
 #
 # Cloud CIDR 10.212.0.0/16; site a's CIDR 10.220.0.0/16, site b's 10.221.0.0/16 (agents' TUN addresses
 # 10.22x.255.y/32 lie in them). Each site router masquerades its LAN behind its WAN address (nftables) and
@@ -174,6 +175,9 @@ l3_up() {
         link_to_bridge "$gw" eth0 "$lan.2/24" "$rtr" lan gw
         ns "$gw" ip route add default via "$lan.1"
         if [ "$s" = a ]; then
+            add_ns "$L3-$s-gw2"
+            link_to_bridge "$L3-$s-gw2" eth0 "$lan.3/24" "$rtr" lan gw2
+            ns "$L3-$s-gw2" ip route add default via "$lan.1"
             add_ns "$L3-$s-n1"
             link_to_bridge "$L3-$s-n1" eth0 "$lan.11/24" "$rtr" lan n1
             ns "$L3-$s-n1" ip route add default via "$lan.1"

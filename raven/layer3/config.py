@@ -220,6 +220,14 @@ class AgentLayer3(_Model):
     manage_sysctls: bool = Field(
         True, description="set ip_forward and loose rp_filter on the device, restored on exit where Raven changed them",
     )
+    lan_address: Interface | None = Field(
+        None, description="the pool's floating address on the gateway nodes' network, ADDRESS/PREFIX (IPv4): the "
+        "active agent's node holds it and announces it (gratuitous ARP), so that 'raven routes --gateway ADDRESS' "
+        "on the other nodes follows the active agent from node to node; needs CAP_NET_RAW too",
+    )
+    lan_device: DeviceName | None = Field(
+        None, description="the device that gets lan_address; default: the one with an address in its network",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentLayer3:
@@ -228,6 +236,18 @@ class AgentLayer3(_Model):
         if self.enabled and not self.cidrs:
             raise ValueError("cidrs: layer 3 is enabled but the agent announces no CIDR")
         _unique("cidrs", self.cidrs)
+        if self.lan_address is not None:
+            lan = ipaddress.ip_interface(self.lan_address)
+            if lan.version != 4:
+                raise ValueError(f"lan_address: {self.lan_address} is IPv6; only IPv4 floating addresses are "
+                                 "supported (announced by gratuitous ARP)")
+            if lan.network.prefixlen > 30:
+                raise ValueError(f"lan_address: {self.lan_address} needs the prefix of the nodes' network "
+                                 "(e.g. /24), not a host prefix")
+            if any(lan.ip == ipaddress.ip_interface(a).ip for a in self.addresses):
+                raise ValueError(f"lan_address: {lan.ip} is also an address of the TUN device")
+        elif self.lan_device is not None:
+            raise ValueError("lan_device: set without lan_address")
         _check_mtu(self.mtu, self.addresses, self.cidrs)
         return self
 

@@ -102,4 +102,7 @@ class AgentMetrics:
                                 registry=r)
         self.l3_active = Gauge("raven_agent_layer3_active", "1 while a gateway sends this agent its pool's packets",
                                registry=r)
+        self.l3_lan_address = Gauge("raven_agent_layer3_lan_address_held",
+                                    "1 while this agent's node holds the pool's floating LAN address "
+                                    "(layer3.lan_address)", registry=r)
         self.cert_expiry = cert_expiry_gauge(r)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from raven.errors import TestbedError
 from tests.support.l3testbed import (
     CLOUD_CIDR,
     CLOUD_NS,
@@ -56,6 +58,7 @@ pytestmark = [
 ]
 
 NOT_YET = (aiohttp.ClientError, TimeoutError, KeyError, ValueError)
+STARTING = (*NOT_YET, TestbedError)  # an agent's /metrics before it listens
 MiB = 1024 * 1024
 NODE_NS, NODE_IP = "r3-a-n1", "10.220.1.11"  # site a's node behind the gateway node, routed by raven routes
 DROPS = "raven_gateway_layer3_drops_total"
@@ -90,7 +93,7 @@ async def test_routes_are_what_the_config_and_certificates_allow(bed: L3Testbed)
     assert await bed.raven_routes(a.gw_ns) == [f"{CLOUD_CIDR} dev {device}"]
     assert await bed.raven_routes(b.gw_ns) == [f"{CLOUD_CIDR} dev raven0"]
     # raven routes on the node: Raven's table and rule towards the gateway node; nothing on the router.
-    assert await bed.raven_routes(NODE_NS) == [f"{CLOUD_CIDR} via {a.gw_ip} table 21057"]
+    assert await bed.raven_routes(NODE_NS) == [f"{CLOUD_CIDR} via {a.next_hop} table 21057"]
     assert await bed.raven_rules(NODE_NS) == ["21057: lookup 21057"]
     assert await bed.raven_routes("r3-a-rtr") == []
     status = await bed.status()
@@ -331,6 +334,91 @@ async def test_the_active_agent_killed_mid_transfer_another_takes_over(bed: L3Te
     await asyncio.sleep(1.5)
     assert await bed.active_agent(site.pool) == standby
     assert await bed.raven_routes(site.gw_ns) == [f"{CLOUD_CIDR} dev {new_device}"]
+    assert (await bed.ping(POD_NS, NODE_IP, count=3))["received"] == 3
+
+
+async def _neighbour_mac(bed: L3Testbed, namespace: str, address: str) -> str | None:
+    entries = await bed.ip_json(namespace, "neigh", "show", address)
+    mac = entries[0].get("lladdr") if entries else None
+    return str(mac) if mac else None
+
+
+async def _mac(bed: L3Testbed, namespace: str, device: str = "eth0") -> str:
+    return str((await bed.ip_json(namespace, "link", "show", device))[0]["address"])
+
+
+async def test_the_floating_lan_address_follows_the_active_agent_to_another_node(bed: L3Testbed) -> None:
+    """Site a's agents share 10.220.1.100 (layer3.lan_address); the node behind them routes through it. The
+    active agent's node holds it: when the carrying agent moves to the second gateway node, the address and
+    the node's neighbour entry (gratuitous ARP) move with it, and the node keeps reaching the cloud."""
+    site = bed.site_a
+    vip = site.next_hop
+    spare = site.spare_agents[0]
+    gw2 = site.namespace_of(spare)
+    assert await bed.holders(vip) == [site.gw_ns]
+    gw_mac, gw2_mac = await _mac(bed, site.gw_ns), await _mac(bed, gw2)
+
+    async def sessions_up(name: str) -> bool:
+        return metric_sum(await bed.agent_metrics(name), "raven_agent_sessions") >= 1
+
+    async def holders_are(*namespaces: str) -> bool:
+        return sorted(await bed.holders(vip)) == sorted(namespaces)
+
+    async def neighbour_is(mac: str) -> bool:
+        return await _neighbour_mac(bed, NODE_NS, vip) == mac
+
+    await bed.start_agent(spare.name)
+    await eventually(lambda: sessions_up(spare.name), 20, f"{spare.name} connected", tolerate=STARTING)
+    assert await bed.holders(vip) == [site.gw_ns]  # a standby agent leaves the address alone
+    pinger = await bed.sh_background(POD_NS, "ping", "-n", "-D", "-i", "0.02", "-W", "1", "-w", "12", NODE_IP)
+    try:
+        await asyncio.sleep(0.5)
+        # Both agents of the first gateway node stop cleanly: the pool's traffic moves to the second node.
+        stopped_at = time.time()
+        codes = await asyncio.gather(*(bed.stop(x.name, signal.SIGTERM, grace=15) for x in site.agents))
+        assert codes == [0, 0], codes
+        await eventually(lambda: _is_active(bed, site.pool, spare.name), 10, f"{spare.name} active",
+                         tolerate=NOT_YET)
+        await eventually(lambda: holders_are(gw2), 10, f"{vip} on {gw2} only", tolerate=NOT_YET)
+        await eventually(lambda: neighbour_is(gw2_mac), 5, f"{NODE_NS}'s neighbour {vip} at {gw2_mac}",
+                         tolerate=NOT_YET)
+        moved = time.time() - stopped_at
+        assert (await bed.ping(NODE_NS, POD_IP, count=3))["received"] == 3
+        pinger.send_signal(signal.SIGINT)
+        pout, _ = await asyncio.wait_for(pinger.communicate(), 15)
+    finally:
+        if pinger.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pinger.pid, signal.SIGKILL)
+            await pinger.wait()
+        for x in site.agents:  # whatever happened, the first node's agents come back (as standbys)
+            p = bed.processes.get(x.name)
+            if p is None or p.proc is None or p.proc.returncode is not None:
+                await bed.start_agent(x.name)
+    replies = [float(m[1]) for m in re.finditer(r"^\[(\d+\.\d+)\] \d+ bytes from", pout.decode(), re.M)]
+    gap = gaps([t for t in replies if t >= stopped_at - 0.5])
+    print(f"\nfloating address: {vip} moved from {site.gw_ns} to {gw2} with the active agent "
+          f"{moved * 1000:.0f} ms after the first node's agents were stopped; longest gap between ping replies "
+          f"(cloud pod -> node behind, every 20 ms) {gap * 1000:.0f} ms")
+    assert gap < 5.0, gap
+
+    # A crash: the second node's agent is SIGKILLed while it holds the address. One of the first node's agents
+    # takes the pool and the address, and its gratuitous ARP moves the node's neighbour entry back at once; the
+    # dead agent's address stays on its node until it restarts, which removes it (its label says whose it is).
+    for x in site.agents:
+        await eventually(functools.partial(sessions_up, x.name), 20, f"{x.name} back", tolerate=STARTING)
+    await bed.stop(spare.name, signal.SIGKILL)
+    await eventually(lambda: holders_are(site.gw_ns, gw2), 10, f"{vip} on {site.gw_ns} (and left on {gw2})",
+                     tolerate=NOT_YET)
+    await eventually(lambda: neighbour_is(gw_mac), 5, f"{NODE_NS}'s neighbour {vip} at {gw_mac}", tolerate=NOT_YET)
+    assert (await bed.ping(NODE_NS, POD_IP, count=3))["received"] == 3
+    await bed.start_agent(spare.name)
+    await eventually(lambda: holders_are(site.gw_ns), 20, f"{spare.name}'s leftover removed at its start",
+                     tolerate=NOT_YET)
+    assert "left there by this agent's previous run" in bed.log(spare.name, 10**6)
+    await eventually(lambda: sessions_up(spare.name), 20, f"{spare.name} connected", tolerate=STARTING)
+    assert await bed.stop(spare.name, signal.SIGTERM, grace=15) == 0
+    assert await bed.holders(vip) == [site.gw_ns]  # a standby's clean exit leaves the active one's address
     assert (await bed.ping(POD_NS, NODE_IP, count=3))["received"] == 3
 
 

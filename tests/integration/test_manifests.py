@@ -722,11 +722,15 @@ def test_net_admin_only_in_the_layer3_overlays(tls: dict[str, list[str]], tmp_pa
 
     docs = render(DEPLOY / "agent/overlays/pool-a-layer3")
     agent = find(docs, "Deployment", "raven-agent")
-    assert container(agent)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    # NET_RAW as well: the floating LAN address is announced by gratuitous ARP (layer3.lan_address).
+    ctx = container(agent)["securityContext"]
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["runAsUser"] == 0
     configmap, key = mounted_configmap(agent, docs, check_args(agent, "agent"))
     path, _ = embedded_config(configmap, key, tmp_path)
     agent_cfg = build(AgentConfig, path, tls["agent"], environ=_layer3_env(agent))
     assert agent_cfg.pool == "pool-a" and agent_cfg.layer3.enabled and agent_cfg.layer3.cidrs == ["10.20.0.0/16"]
+    assert agent_cfg.layer3.lan_address == "192.0.2.100/24"
     routes = find(docs, "DaemonSet", "raven-routes")
     assert routes["metadata"]["name"] == "raven-routes-pool-a"
     assert routes["spec"]["template"]["spec"]["nodeSelector"] == {"apps.openyurt.io/nodepool": "pool-a"}
@@ -734,3 +738,4 @@ def test_net_admin_only_in_the_layer3_overlays(tls: dict[str, list[str]], tmp_pa
     env = _layer3_env(routes)
     expanded = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in args]
     assert expanded[:2] == ["routes", "--gateway"] and "--cidr" in expanded
+    assert expanded[2] == "192.0.2.100"  # the pool's floating address: the other nodes follow the active agent

@@ -74,6 +74,7 @@ class L3Agent:
     device: str
     address: str  # ADDRESS/32 on its device, inside its pool's CIDR
     metrics_port: int
+    namespace: str | None = None  # its gateway node, if not the site's first (L3Site.gw_ns)
 
 
 @dataclass
@@ -85,6 +86,8 @@ class L3Site:
     exporter: tuple[str, str, str]  # (node name, namespace, address): a simulated dcgm-exporter on :9400
     extra_config_cidrs: list[str] = field(default_factory=list)  # in the gateway's config, not the certificate
     routed_node: tuple[str, str] | None = None  # (namespace, address) of a node reached through raven routes
+    lan_address: str | None = None  # the pool's floating LAN address (layer3.lan_address), ADDRESS/PREFIX
+    spare_agents: list[L3Agent] = field(default_factory=list)  # configured, started only by the tests that use them
 
     @property
     def pool(self) -> str:
@@ -94,13 +97,24 @@ class L3Site:
     def gw_ns(self) -> str:
         return f"{PREFIX}-{self.name}-gw"
 
+    @property
+    def next_hop(self) -> str:
+        """What ``raven routes`` on the site's other nodes routes through: the floating address, if any."""
+        return self.lan_address.split("/")[0] if self.lan_address else self.gw_ip
+
+    def namespace_of(self, agent: L3Agent) -> str:
+        return agent.namespace or self.gw_ns
+
 
 def default_sites() -> list[L3Site]:
     return [
         L3Site("a", "10.220.0.0/16", "10.220.1.2",
                [L3Agent("agent-a-1", "raven0", "10.220.255.1/32", 10266),
                 L3Agent("agent-a-2", "raven1", "10.220.255.2/32", 10267)],
-               ("gpu-a-1", f"{PREFIX}-a-n1", "10.220.1.11"), routed_node=(f"{PREFIX}-a-n1", "10.220.1.11")),
+               ("gpu-a-1", f"{PREFIX}-a-n1", "10.220.1.11"), routed_node=(f"{PREFIX}-a-n1", "10.220.1.11"),
+               lan_address="10.220.1.100/24",
+               # On a second gateway node of site a (deploy/testbed/topology.sh l3: r3-a-gw2, 10.220.1.3).
+               spare_agents=[L3Agent("agent-a-3", "raven0", "10.220.255.3/32", 10268, namespace=f"{PREFIX}-a-gw2")]),
         L3Site("b", "10.221.0.0/16", "10.221.1.2", [L3Agent("agent-b-1", "raven0", "10.221.255.1/32", 10266)],
                ("gpu-b-1", f"{PREFIX}-b-gw", "10.221.1.2"), extra_config_cidrs=["10.222.0.0/16"]),
     ]
@@ -165,7 +179,7 @@ class L3Testbed:
         pki.issue(self.certs, self.certs, "gateway", "raven-gateway", dns_names=["raven-gateway"],
                   ip_addresses=[GATEWAY_WAN_IP], days=2)
         for site in self.sites:
-            for agent in site.agents:
+            for agent in [*site.agents, *site.spare_agents]:
                 pki.issue(self.certs, self.certs, "agent", agent.name, pools=[site.pool], cidrs=[site.cidr], days=2)
         # A certificate for tests.support.l3rogue: a compromised agent of site a.
         pki.issue(self.certs, self.certs, "agent", ROGUE, pools=[self.site_a.pool], cidrs=[self.site_a.cidr], days=2)
@@ -192,7 +206,7 @@ class L3Testbed:
         })
         for site in self.sites:
             node, _, address = site.exporter
-            for agent in site.agents:
+            for agent in [*site.agents, *site.spare_agents]:
                 self._write(f"{agent.name}.yaml", {
                     "pool": site.pool,
                     "gateway": {"url": f"wss://{GATEWAY_WAN_IP}:10262/tunnel", "server_name": "raven-gateway",
@@ -204,7 +218,8 @@ class L3Testbed:
                     "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
                     "drain_grace": 5,
                     "layer3": {"enabled": True, "device": agent.device, "addresses": [agent.address],
-                               "cidrs": [site.cidr, *site.extra_config_cidrs]},
+                               "cidrs": [site.cidr, *site.extra_config_cidrs],
+                               **({"lan_address": site.lan_address} if site.lan_address else {})},
                 })
 
     # ------------------------------------------------------------ processes
@@ -231,7 +246,7 @@ class L3Testbed:
 
     def agent(self, name: str) -> tuple[L3Site, L3Agent]:
         for site in self.sites:
-            for agent in site.agents:
+            for agent in [*site.agents, *site.spare_agents]:
                 if agent.name == name:
                     return site, agent
         raise KeyError(name)
@@ -240,13 +255,14 @@ class L3Testbed:
         await self.spawn("gateway", CLOUD_NS, self.raven("gateway", "--config", str(self.workdir / "gateway.yaml")))
 
     async def start_agent(self, name: str) -> None:
-        site, _ = self.agent(name)
-        await self.spawn(name, site.gw_ns, self.raven("agent", "--config", str(self.workdir / f"{name}.yaml")))
+        site, agent = self.agent(name)
+        await self.spawn(name, site.namespace_of(agent),
+                         self.raven("agent", "--config", str(self.workdir / f"{name}.yaml")))
 
     async def start_routes(self, site: L3Site) -> None:
         assert site.routed_node is not None
         await self.spawn(f"routes-{site.name}", site.routed_node[0], self.raven(
-            "routes", "--gateway", site.gw_ip, "--cidr", CLOUD_CIDR, "--interval", "2"))
+            "routes", "--gateway", site.next_hop, "--cidr", CLOUD_CIDR, "--interval", "2"))
 
     async def start(self) -> None:
         await self.topology("up")
@@ -361,16 +377,28 @@ class L3Testbed:
         return sorted(link["ifname"] for link in links if link.get("linkinfo", {}).get("info_kind") == "tun")
 
     async def leftovers(self) -> dict[str, list[str]]:
-        """Per namespace of the testbed: TUN devices, Raven's routes and Raven's rules still there."""
+        """Per namespace of the testbed: TUN devices, Raven's routes and rules, floating LAN addresses still there."""
         names = [n for n in (await self._netns_list()) if n.startswith(f"{PREFIX}-")]
+        floating = {s.lan_address.split("/")[0] for s in self.sites if s.lan_address}
         out: dict[str, list[str]] = {}
         for ns in names:
             found = [f"device {d}" for d in await self.tun_devices(ns)]
             found += [f"route {r}" for r in await self.raven_routes(ns)]
             found += [f"rule {r}" for r in await self.raven_rules(ns)]
+            found += [f"address {a}" for a in await self.addresses(ns) if a.split(" ")[0] in floating]
             if found:
                 out[ns] = found
         return out
+
+    async def addresses(self, namespace: str) -> list[str]:
+        """The namespace's IPv4 addresses, as 'ADDRESS LABEL'."""
+        return [f"{a['local']} {a.get('label', '')}" for link in await self.ip_json(namespace, "-4", "addr", "show")
+                for a in link.get("addr_info", [])]
+
+    async def holders(self, address: str) -> list[str]:
+        """The testbed namespaces that have ``address``."""
+        names = [n for n in (await self._netns_list()) if n.startswith(f"{PREFIX}-")]
+        return [ns for ns in names if any(a.split(" ")[0] == address for a in await self.addresses(ns))]
 
     @staticmethod
     async def _netns_list() -> list[str]:
@@ -393,7 +421,7 @@ class L3Testbed:
 
     async def agent_metrics(self, name: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         site, agent = self.agent(name)
-        r = await self.sh(site.gw_ns, sys.executable, "-c",
+        r = await self.sh(site.namespace_of(agent), sys.executable, "-c",
                           "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
                           f"'http://127.0.0.1:{agent.metrics_port}/metrics', timeout=5).read().decode())")
         if r.rc != 0:

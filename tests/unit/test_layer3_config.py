@@ -62,6 +62,12 @@ def errors(model: type, data: object) -> str:
     (RoutesLayer3, {"gateway": "10.0.0.5", "cidrs": ["10.9.0.0/16"], "priority": 32766},
      "layer3.priority: Input should be less than or equal to 32765"),
     (RoutesLayer3, {"cidrs": []}, "layer3.gateway: Field required"),
+    (AgentLayer3, {"lan_address": "fd00::64/64"}, "layer3.lan_address: fd00::64/64 is IPv6; only IPv4"),
+    (AgentLayer3, {"lan_address": "10.1.1.100"}, "layer3.lan_address: '10.1.1.100' needs a prefix length"),
+    (AgentLayer3, {"lan_address": "10.1.1.100/32"}, "layer3.lan_address: 10.1.1.100/32 needs the prefix of the nodes'"),
+    (AgentLayer3, {"lan_address": "10.1.1.100/24", "addresses": ["10.1.1.100/32"]},
+     "lan_address: 10.1.1.100 is also an address of the TUN device"),
+    (AgentLayer3, {"lan_device": "eth0"}, "layer3.lan_device: set without lan_address"),
 ])
 def test_errors_name_the_field(model: type, data: object, line: str) -> None:
     assert line in errors(model, data)
