@@ -64,8 +64,10 @@ def fix_mmap_threshold() -> None:
     page or two. glibc's default *dynamic* mmap threshold soon moves such blocks onto the heap,
     where freed and reused pages stay resident; a fixed 128 KiB threshold keeps each in its own
     mapping (untouched pages cost no memory): about 4 KiB less per idle session with 1,000 agents.
-    The data path allocates nothing that large (DATA frames are at most 64 KiB). A
-    MALLOC_MMAP_THRESHOLD_ set by the operator wins; elsewhere than glibc this does nothing.
+    The data path allocates nothing that large: DATA frames are at most 64 KiB, and the guarded
+    listeners take TLS bytes as a buffered protocol (uvloop would otherwise allocate 256 KiB per
+    decrypted record, each then an mmap/munmap pair). A MALLOC_MMAP_THRESHOLD_ set by the operator
+    wins; elsewhere than glibc this does nothing.
     """
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or not sys.platform.startswith("linux"):
         return

@@ -219,7 +219,9 @@ async def test_layer7_keeps_working_while_layer3_is_saturated(bed: L3Testbed) ->
     print(f"\nlayer 3 saturated: iperf3 (4 flows) {throughput['bits_per_second'] / 1e6:.0f} Mbit/s, "
           f"{throughput['retransmits']:.0f} retransmits; {len(results)} scrapes during it: "
           f"p50 {statistics.median(busy) * 1000:.1f} ms, max {max(busy) * 1000:.1f} ms "
-          f"(idle: p50 {statistics.median(idle) * 1000:.1f} ms, max {max(idle) * 1000:.1f} ms)")
+          f"(idle: p50 {statistics.median(idle) * 1000:.1f} ms, max {max(idle) * 1000:.1f} ms); p50 per node: "
+          + ", ".join(f"{n} {statistics.median([t for m, _, t in results if m == n]) * 1000:.1f} ms"
+                      for n in ("gpu-a-1", "gpu-b-1")))
     assert len(results) >= 10
     assert all(status == 200 for _, status, _ in results), [r for r in results if r[1] != 200]
     assert max(busy) < 2.0, results
