@@ -56,7 +56,7 @@ class FakeGateway:
                 names = tuple(n.name for n in frame.nodes)
                 await ws.send_bytes(wire.encode(wire.Registered(names, ())))
             elif isinstance(frame, wire.Ping):
-                await ws.send_bytes(wire.encode(wire.Pong(frame.payload)))
+                await ws.send_bytes(wire.encode(wire.Pong(frame.opaque)))
             else:
                 await self.frames.put(frame)
         return ws

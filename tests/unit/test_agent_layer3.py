@@ -8,7 +8,7 @@ from raven.ops.metrics import AgentMetrics
 
 
 def runtime(**extra: object) -> AgentLayer3:
-    cfg = Layer3Config(enabled=True, addresses=["10.20.255.1/32"], cidrs=["10.20.0.0/16"], **extra)  # type: ignore[arg-type]
+    cfg = Layer3Config(enabled=True, addresses=["10.20.255.1/32"], cidrs=["10.20.0.0/16"], **extra)
     return AgentLayer3(cfg, "site-a", AgentMetrics())
 
 

@@ -47,7 +47,7 @@ def ipv4(src: str, dst: str) -> bytes:
 
 def runtime() -> tuple[GatewayLayer3, GatewayMetrics]:
     cfg = Layer3Config(enabled=True, addresses=["10.77.0.1/24"], cloud_cidrs=["10.96.0.0/16"],
-                       pools={"site-a": {"cidrs": ["10.20.0.0/16", "10.21.0.0/16"]}})  # type: ignore[dict-item]
+                       pools={"site-a": {"cidrs": ["10.20.0.0/16", "10.21.0.0/16"]}})
     metrics = GatewayMetrics()
     return GatewayLayer3(cfg, metrics), metrics
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -111,6 +112,7 @@ V6_NEAR = st.sampled_from(["fd00:a::", "fd00:b::", "fd00:c::", "fd00:d::"])
 def test_agrees_with_the_reference(pool: str | None, six: bool, s4: str, d4: str, s6: str, d6: str,
                                    off1: int, off2: int) -> None:
     p = Policy(CLOUD_CIDRS, POOLS, edge_to_edge=[("a", "b")])
+    packet_of: Callable[[int, int], bytes]
     if six:
         src, dst, packet_of, version = v6(s6) + off1 * 2**60, v6(d6) + off2 * 2**60, ipv6, 6
     else:
