@@ -60,10 +60,12 @@ class AgentLayer3:
                  self.pool)
 
     async def close(self) -> None:
-        if self.lan is not None:
-            await self.lan.close()  # first: the nodes stop sending here before the routes go
-        await self.host.close()
-        self.metrics.l3_active.set(0)
+        try:
+            if self.lan is not None:
+                await self.lan.close()  # first: the nodes stop sending here before the routes go
+        finally:
+            await self.host.close()
+            self.metrics.l3_active.set(0)
 
     # ------------------------------------------------------------ sessions
 

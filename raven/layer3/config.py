@@ -244,6 +244,8 @@ class AgentLayer3(_Model):
             if lan.network.prefixlen > 30:
                 raise ValueError(f"lan_address: {self.lan_address} needs the prefix of the nodes' network "
                                  "(e.g. /24), not a host prefix")
+            if lan.ip == lan.network.broadcast_address:
+                raise ValueError(f"lan_address: {self.lan_address} is the network's broadcast address")
             if any(lan.ip == ipaddress.ip_interface(a).ip for a in self.addresses):
                 raise ValueError(f"lan_address: {lan.ip} is also an address of the TUN device")
         elif self.lan_device is not None:

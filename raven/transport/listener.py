@@ -56,7 +56,7 @@ def _canned(status: str, reason: str) -> bytes:
 
 _IDLE, _HEAD, _BUSY = 0, 1, 2
 
-READ_BUFFER = 256 * 1024
+READ_BUFFER = 124 * 1024  # under the services' 128 KiB mmap threshold: the copy of a full read stays on the heap
 
 
 class _ReadBuffer(threading.local):
