@@ -8,6 +8,14 @@ removes them all and exits 0. At start, the first check deletes whatever a crash
 longer wanted, so a restart never duplicates anything. On the gateway node itself (the gateway's address is
 one of this node's) it installs nothing and waits: that node's routes belong to the agent or gateway there.
 
+The gateway address may be a pool's floating address (``layer3.lan_address``), which moves to the node of the
+pool's active agent. The command listens to the kernel's address notifications (a netlink socket in the
+RTMGRP_IPV4_IFADDR and RTMGRP_IPV6_IFADDR groups, read with the event loop's ``add_reader``; a message that holds
+the gateway address's bytes is a wake-up, nothing in it is trusted or parsed): when that address comes or goes
+on this node, it checks at once, so a node that has just taken
+the address stops routing through it (its agent's own routes then apply) and one that has just lost it routes
+through the new holder, within milliseconds rather than at the next ``interval``.
+
 The gateway node must be on this node's network (the kernel wants the next hop on a connected route).
 
 Wiring: :func:`add_parser` adds the ``routes`` command to a ``raven`` command line; :func:`run` is the
@@ -20,10 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +48,9 @@ from raven.layer3.netlink import on_netlink_loop
 from raven.layer3.routes import Changes, Route, RouteManager, rules_for
 
 log = logging.getLogger("raven.layer3.noderoutes")
+RTMGRP_IPV4_IFADDR = 0x10  # netlink multicast groups: IPv4 and IPv6 address changes
+RTMGRP_IPV6_IFADDR = 0x100
+NOTIFY_DRAIN = 64  # notifications read per wake-up at most (the rest wake the loop again)
 
 DESCRIPTION = (
     "Program the routes that send remote CIDRs to the local gateway node: Raven's own routing table "
@@ -108,6 +119,42 @@ async def _is_local(address: str) -> bool:
     return await on_netlink_loop(dump)
 
 
+def _address_notifications(loop: asyncio.AbstractEventLoop, address: str,
+                           changed: asyncio.Event) -> socket.socket | None:
+    """Set ``changed`` when ``address`` may have been added to or removed from this node (a notification holds its
+    bytes, or notifications were lost); the socket to close, or None (then only the regular checks notice)."""
+    packed = ipaddress.ip_address(address).packed
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    except (OSError, AttributeError) as exc:
+        log.warning("routes: cannot follow address changes (%s): checking every interval only", exc)
+        return None
+    try:
+        sock.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+        sock.setblocking(False)
+
+        def readable() -> None:
+            for _ in range(NOTIFY_DRAIN):
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    return
+                except OSError:  # ENOBUFS: notifications were lost; one of them may have been this address's
+                    changed.set()
+                    return
+                if not data:
+                    return
+                if packed in data:  # other addresses (a pod's veth getting its link-local one) wake nothing
+                    changed.set()
+
+        loop.add_reader(sock.fileno(), readable)
+    except OSError as exc:
+        sock.close()
+        log.warning("routes: cannot follow address changes (%s): checking every interval only", exc)
+        return None
+    return sock
+
+
 def _log(changes: Changes, verb: str) -> None:
     for line in changes.added:
         log.info("routes: installed %s", line)
@@ -131,15 +178,20 @@ async def run(args: argparse.Namespace) -> int:
     rules = rules_for(cfg.cidrs, cfg.table, cfg.priority)
     log.info("routes: %d CIDR(s) via %s, table %d, rule priority %d, checked every %gs",
              len(routes), cfg.gateway, cfg.table, cfg.priority, cfg.interval)
-    local_logged = False
+    local: bool | None = None
+    changed = asyncio.Event()
+    notifications = _address_notifications(loop, cfg.gateway, changed)
     try:
         while not stop.is_set():
             try:
-                local = await asyncio.wait_for(_is_local(cfg.gateway), cfg.timeout)
-                if local and not local_logged:
-                    log.info("routes: %s is this node's own address (the gateway node): nothing to install",
-                             cfg.gateway)
-                local_logged = local
+                now_local = await asyncio.wait_for(_is_local(cfg.gateway), cfg.timeout)
+                if now_local != local:
+                    if now_local:
+                        log.info("routes: %s is this node's own address (the gateway node, or the holder of the "
+                                 "pool's floating address): nothing to install", cfg.gateway)
+                    elif local is not None:
+                        log.info("routes: %s is no longer this node's address: routing through it", cfg.gateway)
+                local = now_local
                 changes = await asyncio.wait_for(
                     manager.reconcile([] if local else routes, [] if local else rules), cfg.timeout
                 )
@@ -148,9 +200,19 @@ async def run(args: argparse.Namespace) -> int:
                 log.error("routes: a check took longer than %gs; trying again in %gs", cfg.timeout, cfg.interval)
             except (NetlinkError, OSError, Layer3Error) as exc:
                 log.error("routes: check failed: %s; trying again in %gs", exc, cfg.interval)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), cfg.interval)
+            # Until the next check, or an address of this node changing (the floating address came or went).
+            changed.clear()
+            stopping = asyncio.ensure_future(stop.wait())
+            moved = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait((stopping, moved), timeout=cfg.interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in (stopping, moved):
+                    waiter.cancel()
     finally:
+        if notifications is not None:
+            loop.remove_reader(notifications.fileno())
+            notifications.close()
         for sig in signals:
             loop.remove_signal_handler(sig)
         status = await _remove(manager, cfg)

@@ -369,9 +369,18 @@ async def test_the_floating_lan_address_follows_the_active_agent_to_another_node
     async def neighbour_is(mac: str) -> bool:
         return await _neighbour_mac(bed, NODE_NS, vip) == mac
 
+    # raven routes on the second gateway node as well (a 30 s interval: the kernel's address notifications, not
+    # the interval, must make it notice the address coming and going): while its agent is a standby, its own
+    # traffic goes through the holder.
+    via_vip, own_device = [f"{CLOUD_CIDR} via {vip} table 21057"], [f"{CLOUD_CIDR} dev {spare.device}"]
+    await bed.spawn("routes-a-gw2", gw2, bed.raven("routes", "--gateway", vip, "--cidr", CLOUD_CIDR,
+                                                  "--interval", "30"))
+    await eventually(lambda: _routes_are(bed, gw2, via_vip), 10, f"{gw2} routes via {vip}", tolerate=NOT_YET)
     await bed.start_agent(spare.name)
     await eventually(lambda: sessions_up(spare.name), 20, f"{spare.name} connected", tolerate=STARTING)
     assert await bed.holders(vip) == [site.gw_ns]  # a standby agent leaves the address alone
+    assert await bed.raven_routes(gw2) == via_vip
+    assert (await bed.ping(gw2, POD_IP, count=3))["received"] == 3  # the standby's node, through the holder
     pinger = await bed.sh_background(POD_NS, "ping", "-n", "-D", "-i", "0.02", "-W", "1", "-w", "12", NODE_IP)
     try:
         await asyncio.sleep(0.5)
@@ -386,6 +395,11 @@ async def test_the_floating_lan_address_follows_the_active_agent_to_another_node
                          tolerate=NOT_YET)
         moved = time.time() - stopped_at
         assert (await bed.ping(NODE_NS, POD_IP, count=3))["received"] == 3
+        # The second node holds the address now: raven routes there withdrew its routes through it (notified by
+        # the kernel), so the node's own traffic, and what it forwards, takes its agent's device.
+        await eventually(lambda: _routes_are(bed, gw2, own_device), 5, f"{gw2}: only {spare.name}'s route",
+                         tolerate=NOT_YET)
+        assert (await bed.ping(gw2, POD_IP, count=3))["received"] == 3
         pinger.send_signal(signal.SIGINT)
         pout, _ = await asyncio.wait_for(pinger.communicate(), 15)
     finally:
@@ -422,6 +436,9 @@ async def test_the_floating_lan_address_follows_the_active_agent_to_another_node
     assert await bed.stop(spare.name, signal.SIGTERM, grace=15) == 0
     assert await bed.holders(vip) == [site.gw_ns]  # a standby's clean exit leaves the active one's address
     assert (await bed.ping(POD_NS, NODE_IP, count=3))["received"] == 3
+    await eventually(lambda: _routes_are(bed, gw2, via_vip), 10, f"{gw2} routes via {vip} again", tolerate=NOT_YET)
+    assert await bed.stop("routes-a-gw2", signal.SIGTERM, grace=15) == 0
+    assert await bed.raven_routes(gw2) == []
 
 
 async def test_a_clean_exit_leaves_no_device_route_or_rule(bed: L3Testbed) -> None:
