@@ -43,6 +43,7 @@ class AgentLayer3:
         self.policy = Policy((), {pool: cfg.cidrs})
         self.accept = [l3policy.network(c) for c in cfg.accept_cidrs]
         self.lan: FloatingAddress | None = None
+        self.carrying = False  # some gateway replica sends this agent its pool's packets (said in its ROUTES)
         if cfg.lan_address is not None:
             self.lan = FloatingAddress(cfg.lan_address, cfg.lan_device, cfg.device,
                                        on_change=lambda held: self.metrics.l3_lan_address.set(1 if held else 0))
@@ -77,7 +78,7 @@ class AgentLayer3:
         self.sessions[session] = ((), False)
         session.on_datagram = self._from_gateway
         session.on_closing = lambda: self.detach(session)  # routes follow at once, not after the close
-        session.send_control(wire.Routes(tuple(self.cfg.cidrs), pool=self.pool))
+        session.send_control(self._announcement())
 
     def detach(self, session: Session) -> None:
         if self.sessions.pop(session, None) is not None:
@@ -138,6 +139,15 @@ class AgentLayer3:
         self.host.route(reachable)
         if self.lan is not None:
             self.lan.hold(bool(active))
+        if bool(active) != self.carrying:
+            # Tell every replica: they converge on the agent that carries the pool (gateway/layer3.py).
+            self.carrying = bool(active)
+            for session in self.sessions:
+                if not session.closed:
+                    session.send_control(self._announcement())
+
+    def _announcement(self) -> wire.Routes:
+        return wire.Routes(tuple(self.cfg.cidrs), active=self.carrying, pool=self.pool)
 
     # ------------------------------------------------------------ packets
 

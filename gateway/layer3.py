@@ -3,6 +3,11 @@
 - Each agent announces its pool's CIDRs (ROUTES). Of every pool's candidates one is **active**: the gateway sends
   the pool's packets to it alone and tells it so (ROUTES with ``active``, carrying the cloud's CIDRs and the pools
   it may reach). When the active session ends, the next candidate of the pool is promoted at once.
+- Replicas agree on the active agent: an agent's announcement says whether it carries its pool through any
+  replica now (``active`` in the agent's ROUTES). A replica prefers such an agent, the lowest name among several,
+  and otherwise keeps its choice: two replicas that chose two agents converge on one as soon as each agent's claim
+  arrives, and an agent that comes back after a failure does not take its pool back from the one carrying it. This
+  matters where the active agent's node holds the pool's floating LAN address (``layer3.lan_address``).
 - What is routed to a pool is its configured CIDRs ∩ the active agent's certificate (``urn:raven:cidr:``) ∩ what it
   announced; routes to those go through the device (installed while the pool has an active agent).
 - A packet from a pool must come from that pool's routed CIDRs (else dropped as ``spoofed``); its destination is
@@ -35,7 +40,7 @@ MAX_ANNOUNCED = 64  # CIDRs one agent may announce for its pool (a ROUTES frame 
 class Candidate:
     """An agent session that announced layer-3 CIDRs for a pool."""
 
-    __slots__ = ("agent", "allowed", "announced", "announced_raw", "live", "own", "pool")
+    __slots__ = ("agent", "allowed", "announced", "announced_raw", "claims", "live", "own", "pool")
 
     def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: Policy,
                  announced_raw: tuple[str, ...] = ()) -> None:
@@ -46,6 +51,11 @@ class Candidate:
         self.allowed = allowed  # announced ∩ certificate (the configuration is applied by the policy)
         self.own = own  # the policy as if this agent were the pool's active one: its own sources
         self.live = True  # False once withdrawn, refused or its session ended: its packets are dropped
+        self.claims = False  # it says it carries its pool now (through this replica or another)
+
+    @property
+    def rank(self) -> tuple[str, str]:
+        return self.agent.agent, self.agent.session_id
 
 
 class GatewayLayer3:
@@ -86,7 +96,10 @@ class GatewayLayer3:
         """An agent announced (or withdrew, with no CIDRs) its pool's CIDRs."""
         same = next((c for c in self.candidates.get(frame.pool, ()) if c.agent is agent), None)
         if same is not None and same.live and tuple(same.announced_raw) == frame.cidrs:
-            return  # nothing changed: no work, no log
+            if same.claims != frame.active:  # only its claim changed: see whether this replica should follow it
+                same.claims = frame.active
+                self._settle(frame.pool)
+            return  # otherwise nothing changed: no work, no log
         if len(frame.cidrs) > MAX_ANNOUNCED:
             self._refuse(agent, f"it announces {len(frame.cidrs)} CIDRs (at most {MAX_ANNOUNCED})")
             return
@@ -124,7 +137,7 @@ class GatewayLayer3:
         if was_active and current is not None and current.agent is agent:
             # The active agent announced again: it stays active, with what it announces now.
             current.announced, current.allowed, current.own = announced, allowed, own
-            current.announced_raw = frame.cidrs
+            current.announced_raw, current.claims = frame.cidrs, frame.active
             self._log.info(agent.agent, "l3-announce", "layer3: agent %s (pool %s) announced again: %s", agent.agent,
                            pool, ", ".join(announced))
             self._rebuild()
@@ -132,14 +145,17 @@ class GatewayLayer3:
         if was_active:
             self.detach(agent, quiet=True)  # it moved to another pool: let the old one elect again
         cand = Candidate(agent, pool, announced, allowed, own, frame.cidrs)
+        cand.claims = frame.active
         self.candidates[pool].append(cand)
         agent.session.on_datagram = lambda packet, c=cand: self._from_agent(c, packet)
-        self._log.info(agent.agent, "l3-announce", "layer3: agent %s (session %s) announced %s for pool %s",
-                       agent.agent, agent.session_id[:8], ", ".join(announced), pool)
+        self._log.info(agent.agent, "l3-announce", "layer3: agent %s (session %s) announced %s for pool %s%s",
+                       agent.agent, agent.session_id[:8], ", ".join(announced), pool,
+                       " (it carries the pool through another replica)" if frame.active else "")
         if pool not in self.active:
             self._elect(pool)
         else:
-            self._tell(self.candidates[pool][-1], active=False)
+            self._tell(cand, active=False)
+            self._settle(pool)
 
     def detach(self, agent: AgentSession, quiet: bool = False) -> None:
         """The session ended (or re-announced): drop it; promote another agent if it was its pool's active one."""
@@ -164,10 +180,30 @@ class GatewayLayer3:
         self.detach(agent, quiet=True)  # what it held before this announcement goes too
         self._log.warning(agent.agent, "l3-refused", "layer3: not routing for agent %s: %s", agent.agent, reason)
 
+    @staticmethod
+    def _preferred(usable: list[Candidate]) -> Candidate | None:
+        """The candidate that says it carries the pool (the lowest name among several), if any."""
+        claiming = [c for c in usable if c.claims]
+        return min(claiming, key=lambda c: c.rank) if claiming else None
+
+    def _settle(self, pool: str) -> None:
+        """Follow the agent that carries the pool elsewhere, if it is not this replica's active one."""
+        current = self.active.get(pool)
+        usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
+        preferred = self._preferred(usable)
+        if current is None or preferred is None or preferred is current:
+            return  # nobody claims, or this replica's choice is the one (the lowest name among claimants)
+        del self.active[pool]
+        self.metrics.l3_active.labels(pool, current.agent.agent).set(0)
+        self._tell(current, active=False)
+        log.info("layer3: agent %s carries pool %s through another replica: following it (instead of %s)",
+                 preferred.agent.agent, pool, current.agent.agent)
+        self._elect(pool)
+
     def _elect(self, pool: str) -> None:
         usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
         if usable:
-            chosen = usable[0]
+            chosen = self._preferred(usable) or usable[0]
             self.active[pool] = chosen
             self.metrics.l3_active.labels(pool, chosen.agent.agent).set(1)
             log.info("layer3: agent %s (session %s) now carries pool %s (%s)", chosen.agent.agent,

@@ -141,3 +141,49 @@ def test_cloud_side_packets_need_a_cloud_source_or_the_gateways_own() -> None:
     l3._from_device([ipv4("10.96.1.1", "10.20.0.9"), ipv4("10.77.0.1", "10.20.0.9"), ipv4("192.0.2.1", "10.20.0.9")])
     assert a.session.datagrams == [ipv4("10.96.1.1", "10.20.0.9"), ipv4("10.77.0.1", "10.20.0.9")]  # type: ignore[attr-defined]
     assert drops(metrics, "spoofed") == 1
+
+
+def claims(l3: GatewayLayer3, a: AgentSession, carrying: bool) -> None:
+    """Agent ``a`` tells this replica whether it carries its pool (through any replica)."""
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), active=carrying, pool="site-a"))
+
+
+def told_active(a: AgentSession) -> bool:
+    frames = [f for f in a.session.control if isinstance(f, wire.Routes)]  # type: ignore[attr-defined]
+    return bool(frames) and frames[-1].active
+
+
+def test_two_replicas_that_chose_two_agents_converge_on_one() -> None:
+    (r1, _), (r2, _) = runtime(), runtime()
+    # Each agent holds a session to each replica (sessions are per replica).
+    a1, b1 = agent("agent-a"), agent("agent-b")
+    a2, b2 = agent("agent-a"), agent("agent-b")
+    claims(r1, a1, False)  # replica 1 hears from agent-a first,
+    claims(r1, b1, False)
+    claims(r2, b2, False)  # replica 2 from agent-b first: each chooses another agent
+    claims(r2, a2, False)
+    assert r1.active["site-a"].agent is a1 and r2.active["site-a"].agent is b2
+    # Each agent, told active by one replica, says so to both (agent/layer3.py does on every session).
+    for r, a, b in ((r1, a1, b1), (r2, a2, b2)):
+        claims(r, a, True)
+        claims(r, b, True)
+    assert r1.active["site-a"].agent is a1 and r2.active["site-a"].agent is a2  # the lower name, on both
+    assert told_active(a1) and told_active(a2) and not told_active(b2)
+    claims(r1, b1, False)  # agent-b carries nothing any more, and says so: nothing moves
+    claims(r2, b2, False)
+    assert r1.active["site-a"].agent is a1 and r2.active["site-a"].agent is a2
+
+
+def test_an_agent_back_after_a_failure_does_not_take_its_pool_back() -> None:
+    l3, _ = runtime()
+    a, b = agent("agent-a"), agent("agent-b")
+    claims(l3, a, False)
+    claims(l3, b, False)
+    claims(l3, a, True)
+    a.session.closed = True  # type: ignore[misc]  # a FakeSession
+    l3.detach(a)
+    assert l3.active["site-a"].agent is b
+    claims(l3, b, True)
+    back = agent("agent-a")  # a new session of agent-a, which carries nothing now
+    claims(l3, back, False)
+    assert l3.active["site-a"].agent is b and not told_active(back)
