@@ -300,22 +300,19 @@ class FloatingAddress:
 
     async def _add(self, index: int, label: str) -> bool:
         """Add the address with ``label``; False if it is there already (someone was faster: look again)."""
-        async with AsyncIPRoute() as ipr:
-            try:
-                await ipr.addr("add", index=index, address=str(self.ip), prefixlen=self.prefixlen, label=label)
-            except NetlinkError as exc:
-                if exc.code != EEXIST:
-                    raise
-                return False
-        return True
+        return await self._change("add", index, label, EEXIST)
 
     async def _delete(self, index: int, label: str) -> bool:
         """Delete the address if it still carries ``label`` (the kernel checks); False if it did not."""
+        return await self._change("del", index, label, EADDRNOTAVAIL)
+
+    async def _change(self, command: str, index: int, label: str, benign: int) -> bool:
+        """One RTM_NEWADDR or RTM_DELADDR; False where the kernel answered ``benign`` (nothing to do)."""
         async with AsyncIPRoute() as ipr:
             try:
-                await ipr.addr("del", index=index, address=str(self.ip), prefixlen=self.prefixlen, label=label)
+                await ipr.addr(command, index=index, address=str(self.ip), prefixlen=self.prefixlen, label=label)
             except NetlinkError as exc:
-                if exc.code != EADDRNOTAVAIL:
+                if exc.code != benign:
                     raise
                 return False
         return True
