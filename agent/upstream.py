@@ -26,9 +26,9 @@ Errors: :class:`ConnectFailed` (no connection), :class:`RequestFailed` (connecte
 head), :class:`ResponseBroken` (the body broke after the head). Deadlines are the caller's: wrap a request in
 ``asyncio.timeout``.
 
-Size: one connection's protocol, the response it parses and the pool that decides whether it may be reused are
-one contract (reuse is safe only if the parser saw a complete response and the protocol nothing after it); they
-stay together.
+Why this module is long and not split: one connection's protocol, the response it parses and the pool that
+decides whether it may be reused are one contract (reuse is safe only if the parser saw a complete response and
+the protocol nothing after it); they stay together.
 """
 
 from __future__ import annotations

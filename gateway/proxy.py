@@ -10,7 +10,9 @@ registry.py; here, one request's life from opening a stream to its last byte (wi
 one :class:`Exchange` that is finished (metrics, the node's last scrape) in exactly one place; the CONNECT relay
 in tcprelay.py.
 
-Size: one request's life, from the checks through the stream to the last byte, read top to bottom.
+Why this module is long and not split: it is one request's life, from the checks through the stream to the
+last byte, meant to be read top to bottom; parsing and checking already live in gateway/request.py and
+selection in gateway/registry.py.
 """
 
 from __future__ import annotations

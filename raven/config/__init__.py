@@ -5,8 +5,9 @@ variables (``RAVEN_<FIELD>``, nested with ``__``: ``RAVEN_TLS__CERT=/etc/raven/t
 then ``--set field.path=value`` and the dedicated flags. An invalid file fails at start
 with one line per problem naming the field, e.g. ``tunnel.listen: expected HOST:PORT``.
 
-Size: the configuration model of both services and its loader, one field per setting with its
-description (deploy/examples/ is checked against it).
+Why this module is long and not split: it is the configuration model of both services and its loader, one
+field per setting with its description; the two services share most sections, and deploy/examples/ is checked
+against this one model, so a split would only move the shared sections away from their users.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ Run standalone::
 
     python -m raven.demo.simexporter --node edge-gpu-1=127.0.0.2:9400 --node edge-gpu-2=127.0.0.3:9400
 
-Size: a self-contained simulated dcgm-exporter (series model, server, fault modes, CLI), a tool for the
-demo and the tests rather than product code.
+Why this module is long and not split: it is a self-contained simulated dcgm-exporter (series model,
+server, fault modes, CLI) run as one file by the demo and the tests, a tool rather than product code.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ watch in our hands (resourceVersion, bookmarks, 410), avoids a model round trip 
 own, and lets us write Lease MicroTime values exactly (``2006-01-02T15:04:05.000000Z``), which the library's
 ``datetime.isoformat()`` serialization does not (``+00:00``, and no fraction at zero microseconds).
 
-Size: the whole Kubernetes layer (Node watch, ConfigMap publishing, Lease election) on one thin client
-wrapper with shared deadlines and error mapping.
+Why this module is long and not split: it is the whole Kubernetes layer (Node watch, ConfigMap publishing,
+Lease election) on one thin client wrapper, and all three share its deadlines and error mapping.
 """
 
 from __future__ import annotations

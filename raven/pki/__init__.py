@@ -16,8 +16,8 @@ addresses. An agent certificate is a TLS client certificate (clientAuth).
 Every failure caused by input (a missing file, a key that does not match, a bad name, an expired CA)
 is reported as :class:`PKIError` with a message an operator can act on.
 
-Size: the CA, issuing and inspecting share the certificate model (names, pools, roles, key usages);
-splitting them would spread one contract over three files.
+Why this module is long and not split: the CA, issuing and inspecting share the certificate model (names,
+pools, roles, key usages); splitting them would spread one contract over three files.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ frame object or raises :class:`ProtocolError`; ``encode`` does the reverse. Noth
 touches a socket, a clock or a task, so the codec is easy to test and fuzz.
 See ``docs/protocol.md`` for the full specification.
 
-Size: one frame type after another, encoder beside decoder so that they stay in step.
+Why this module is long and not split: it is one frame type after another, each encoder beside its decoder so
+that the two stay in step; splitting by frame kind would put an encoder and its decoder's shared limits in
+different files.
 """
 
 from __future__ import annotations
