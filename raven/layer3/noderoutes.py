@@ -12,9 +12,9 @@ The gateway address may be a pool's floating address (``layer3.lan_address``), w
 pool's active agent. The command listens to the kernel's address notifications (a netlink socket in the
 RTMGRP_IPV4_IFADDR and RTMGRP_IPV6_IFADDR groups, read with the event loop's ``add_reader``; a message that holds
 the gateway address's bytes is a wake-up, nothing in it is trusted or parsed): when that address comes or goes
-on this node, it checks at once, so a node that has just taken
-the address stops routing through it (its agent's own routes then apply) and one that has just lost it routes
-through the new holder, within milliseconds rather than at the next ``interval``.
+on this node, it checks at once, so a node that has just taken the address stops routing through it (its
+agent's own routes then apply) and one that has just lost it routes through the new holder, within milliseconds
+rather than at the next ``interval``.
 
 The gateway node must be on this node's network (the kernel wants the next hop on a connected route).
 

@@ -71,8 +71,7 @@ class _ReadBuffer(threading.local):
     """
 
     def __init__(self) -> None:
-        self.buffer = bytearray(READ_BUFFER)
-        self.view = memoryview(self.buffer)
+        self.view = memoryview(bytearray(READ_BUFFER))
 
 
 _read_buffer = _ReadBuffer()
