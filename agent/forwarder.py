@@ -180,7 +180,8 @@ class Forwarder:
         if err is None:
             stream.reset(wire.ResetCode.CANCEL, "agent shutting down")
         else:
-            log.info("stream to %s ended by the gateway: %s", stream.open.node, err.reason)
+            self._log.info(stream.open.node, "gateway-reset", "stream to %s ended by the gateway: %s", stream.open.node,
+                           err.reason)
 
     # ------------------------------------------------------------ HTTP
 
@@ -240,7 +241,8 @@ class Forwarder:
                             break
                 except (ResponseBroken, ConnectionError) as exc:
                     code = "broken"
-                    log.warning("response from %s broke after %d bytes: %s", frame.node, sent, _safe(exc))
+                    self._log.warning(frame.node, "broken", "response from %s broke after %d bytes: %s", frame.node,
+                                      sent, _safe(exc))
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN,
                                  f"response from {frame.node} broke after {sent} bytes: {_safe(exc, req.address)}")
                     return
@@ -252,7 +254,7 @@ class Forwarder:
             stream.reset(wire.ResetCode.TIMEOUT, f"node {frame.node} did not answer within {req.timeout:.1f}s")
         except StreamReset as exc:
             code = "cancelled"
-            log.info("stream to %s ended by the gateway: %s", frame.node, exc.reason)
+            self._log.info(frame.node, "gateway-reset", "stream to %s ended by the gateway: %s", frame.node, exc.reason)
         except asyncio.CancelledError:
             code = "cancelled"
             self._cancelled(stream)
@@ -291,7 +293,7 @@ class Forwarder:
             code = "200"
             await _pump(stream, reader, writer)
         except StreamReset as exc:
-            log.info("tcp stream to %s ended: %s", frame.node, exc.reason)
+            self._log.info(frame.node, "tcp-reset", "tcp stream to %s ended: %s", frame.node, exc.reason)
         except asyncio.CancelledError:
             self._cancelled(stream)
             raise

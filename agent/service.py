@@ -27,6 +27,7 @@ from raven import pki
 from raven.config import AgentConfig
 from raven.config.reload import Reloader, take_over
 from raven.errors import RavenError
+from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
 from raven.protocol import handshake, wire
@@ -62,6 +63,7 @@ class Agent:
         self.config_reloader = (Reloader(load, self.apply_config, config_path, cfg.config_watch_interval)
                                 if load is not None else None)
         self.metrics = AgentMetrics()
+        self._log = RateLimitedLog(log)  # lines a gateway's messages cause: per replica and kind
         ident = pki.load_identity(cfg.tls.cert)
         self.name = cfg.name or ident.agent or ident.common_name
         allowed = ", ".join(ident.pools) or "none"
@@ -155,6 +157,7 @@ class Agent:
             return  # the first REGISTER waits for the Node list (a partial list would withdraw nodes)
         register = wire.Register(self.node_infos())
         self.refused.clear()
+        self.metrics.nodes_refused.set(0)
         for session in list(self.sessions):
             session.send_control(register)
 
@@ -233,19 +236,22 @@ class Agent:
             if isinstance(frame, wire.Registered):
                 # A large answer comes as several REGISTERED frames, each with part of it.
                 self.refused.update(frame.refused)
-                for name, reason in frame.refused[:20]:
-                    log.error("gateway %s refused node %r: %s", welcome.replica, name, reason)
-                if len(frame.refused) > 20:
-                    log.error("gateway %s refused %d more node(s)", welcome.replica, len(frame.refused) - 20)
-                log.info("gateway %s accepted %d node(s), refused %d", welcome.replica, len(frame.accepted),
-                         len(frame.refused))
+                self.metrics.nodes_refused.set(len(self.refused))
+                # What a gateway sends is logged at most once a minute per replica and kind (with a count).
+                peer = f"gateway {welcome.replica}"
+                for name, reason in frame.refused:
+                    self._log.log(logging.ERROR, peer, "refused", "gateway %s refused node %r: %s", welcome.replica,
+                                  name, reason)
+                self._log.info(peer, "registered", "gateway %s accepted %d node(s), refused %d", welcome.replica,
+                               len(frame.accepted), len(frame.refused))
                 registered.set()
             elif isinstance(frame, wire.Routes):
                 if self.layer3 is not None:
                     self.layer3.on_routes(session, frame)
             elif isinstance(frame, wire.Drain):
                 # The gateway finishes its streams in flight, then closes; we redial after that.
-                log.info("gateway %s is draining: %s", welcome.replica, frame.reason)
+                self._log.info(f"gateway {welcome.replica}", "drain", "gateway %s is draining: %s", welcome.replica,
+                               frame.reason)
 
         session = Session.after_handshake(
             WebSocketSink(ws),

@@ -93,6 +93,10 @@ class TokenSet:
                     log.error("%s; keeping the %d token(s) loaded before", exc, len(self._tokens))
         return self._tokens
 
+    def current(self) -> tuple[bytes, ...]:
+        """The tokens as last read, without looking at the files (for redacting log lines)."""
+        return self._tokens
+
     def accepts(self, presented: bytes) -> bool:
         """Constant time in the presented value, and every token is compared (no early exit)."""
         ok = False
@@ -103,9 +107,24 @@ class TokenSet:
 
 @dataclass(frozen=True, slots=True)
 class Denied:
-    status: int  # 401 or 407
+    status: int  # 401 or 407; 400 for a credential field that appears more than once
     reason: str
     headers: dict[str, str]
+    label: str = "auth"  # the reason label of raven_gateway_front_refused_total
+
+
+# A request's fields by name: every value of a field, in order (``lambda n: request.headers.getall(n, [])``).
+FieldValues = Callable[[str], Sequence[str]]
+
+
+def _one(fields: FieldValues, name: str) -> str | Denied:
+    """The field's single value ("" when absent); a field sent twice is ambiguous (an intermediary may read the
+    other one) and refused."""
+    values = fields(name)
+    if len(values) > 1:
+        return Denied(400, f"the request has {len(values)} {name} fields: a credential must be sent once", {},
+                      "duplicate-field")
+    return values[0] if values else ""
 
 
 _BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="raven"'}
@@ -140,34 +159,44 @@ class FrontAuth:
     def enabled(self) -> bool:
         return self.tokens is not None
 
-    def check(self, headers: Callable[[str], str | None], proxy_mode: bool) -> Denied | None:
+    def check(self, fields: FieldValues, proxy_mode: bool) -> Denied | None:
+        # Duplicates are refused even when no token is required: the node must not get an ambiguous request.
+        proxy_value = _one(fields, "Proxy-Authorization")
+        if isinstance(proxy_value, Denied):
+            return proxy_value
+        value = _one(fields, "Authorization")
+        if isinstance(value, Denied):
+            return value
         if self.tokens is None:
             return None
         if proxy_mode:
-            presented = _credential(headers("Proxy-Authorization") or "", allow_basic=True)
+            presented = _credential(proxy_value, allow_basic=True)
             if presented is None:
                 return Denied(407, "proxy credentials required (Proxy-Authorization: the token as the password of "
                                    "proxy_url's user info, or Bearer)", _PROXY_CHALLENGE)
             if not self.tokens.accepts(presented):
                 return Denied(407, "the proxy credentials were not accepted", _PROXY_CHALLENGE)
             return None
-        presented = _credential(headers("Authorization") or "", allow_basic=False)
+        presented = _credential(value, allow_basic=False)
         if presented is None:
             return Denied(401, "credentials required (Authorization: Bearer <token>)", _BEARER_CHALLENGE)
         if not self.tokens.accepts(presented):
             return Denied(401, "the bearer token was not accepted", _BEARER_CHALLENGE)
         return None
 
-    def check_bearer(self, headers: Callable[[str], str | None]) -> Denied | None:
+    def check_bearer(self, fields: FieldValues) -> Denied | None:
         """For the ops port's inventory endpoints: always ``Authorization: Bearer``."""
-        return self.check(headers, proxy_mode=False)
+        return self.check(fields, proxy_mode=False)
 
-    def check_browser(self, headers: Callable[[str], str | None]) -> Denied | None:
+    def check_browser(self, fields: FieldValues) -> Denied | None:
         """For the status page: a browser asks for a user name and password (any user, the token as password);
         ``Authorization: Bearer`` works too."""
+        value = _one(fields, "Authorization")
+        if isinstance(value, Denied):
+            return value
         if self.tokens is None:
             return None
-        presented = _credential(headers("Authorization") or "", allow_basic=True)
+        presented = _credential(value, allow_basic=True)
         if presented is not None and self.tokens.accepts(presented):
             return None
         return Denied(401, "credentials required (the front end's token as the password, any user name)",

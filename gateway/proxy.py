@@ -46,6 +46,8 @@ from gateway.request import (
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
+from raven.lograte import RateLimitedLog
+from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
@@ -135,6 +137,7 @@ class Proxy:
         self.settled = settled
         self.last: dict[str, NodeResult] = {}  # registered node -> its latest request's outcome (status page)
         self.auth = auth or FrontAuth(None)
+        self._log = RateLimitedLog(log)
 
     # ------------------------------------------------------------ entry point
 
@@ -143,9 +146,9 @@ class Proxy:
         try:
             # Credentials first: nothing about nodes, ports or methods is revealed to a client without them.
             proxy_mode = request.method == "CONNECT" or request.raw_path.startswith(("http://", "https://"))
-            denied = self.auth.check(request.headers.get, proxy_mode)
+            denied = self.auth.check(lambda name: request.headers.getall(name, []), proxy_mode)
             if denied is not None:
-                raise Refusal(denied.status, denied.reason, "auth", denied.headers)
+                raise Refusal(denied.status, denied.reason, denied.label, denied.headers)
             self._check_method(request)
             target = ex.target = parse_target(request)
             ex.kind = target.kind.name.lower()
@@ -224,11 +227,14 @@ class Proxy:
 
     def _refuse(self, ex: Exchange, ref: Refusal) -> web.Response:
         request = ex.request
-        log.warning("%s %s -> %d (node %s, pool %s): %s", request.method, request.raw_path[:200], ref.status, ex.node,
-                    ex.pool, ref.reason)
+        label = ref.label or STATUS_LABEL.get(ref.status, str(ref.status))
+        # One line per client and reason a minute (with a count of the rest): a client cannot grow the log.
+        self._log.warning(request.remote or "?", label, "%s %s from %s -> %d (node %s, pool %s): %s",
+                          request.method[:20], path_for_log(request.raw_path), request.remote, ref.status, ex.node,
+                          ex.pool, ref.reason)
         ex.code, ex.reason, ex.observe = str(ref.status), ref.reason, True
         ex.last_scrape = ref.status >= 500  # a refusal of the client's own making (4xx) says nothing about the node
-        self.metrics.front_refused.labels(ref.label or STATUS_LABEL.get(ref.status, str(ref.status))).inc()
+        self.metrics.front_refused.labels(label).inc()
         return web.Response(
             status=ref.status,
             text=f"raven: {ref.reason}\n",
@@ -324,7 +330,8 @@ class Proxy:
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
                 if attempt == 1 and retryable and self.registry.has_alternative(entry, tried):
-                    log.info("retrying %s on another agent of pool %r: %s", target.node, entry.pool, exc.reason)
+                    self._log.info(chosen.agent, "retry", "retrying %s on another agent of pool %r: %s", target.node,
+                                   entry.pool, exc.reason)
                     self.metrics.retries.labels(entry.pool).inc()
                     continue
                 raise last from None
@@ -429,10 +436,10 @@ class Proxy:
                                   f"body ended after {received} of {length} bytes", remote=True)
         except (StreamReset, TimeoutError) as exc:
             why = exc.reason if isinstance(exc, StreamReset) else "deadline passed mid-body"
-            log.warning(
-                "%s %s: response from node %r (pool %r, agent %s) broke after %d bytes: %s; "
+            self._log.warning(
+                ex.agent, "broken", "%s %s: response from node %r (pool %r, agent %s) broke after %d bytes: %s; "
                 "closing the client connection so the response is not taken as complete",
-                request.method, target.path, target.node, ex.pool, ex.agent, received, why,
+                request.method, path_for_log(target.path), target.node, ex.pool, ex.agent, received, why,
             )
             self._abort(request)
             code = "504" if isinstance(exc, TimeoutError) else "502"
@@ -444,9 +451,10 @@ class Proxy:
             return resp
         except _ClientStalled:
             stream.reset(wire.ResetCode.CANCEL, "the client stopped reading the response")
-            log.warning("%s %s: client %s read none of the response from node %r for %.0fs after %d bytes: "
-                        "stream reset, connection closed", request.method, target.path, request.remote, target.node,
-                        self.cfg.write_stall_timeout, received)
+            self._log.warning(request.remote or "?", "client-stalled",
+                              "%s %s: client %s read none of the response from node %r for %.0fs after %d bytes: "
+                              "stream reset, connection closed", request.method, path_for_log(target.path),
+                              request.remote, target.node, self.cfg.write_stall_timeout, received)
             self._abort(request)
             ex.code, ex.reason = "client-stalled", "the client stopped reading"
             self.metrics.front_refused.labels("write-stall").inc()
@@ -516,7 +524,8 @@ class Proxy:
                     return web.Response(status=499)
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
                                 ex.agent.encode("ascii", "replace") + b"\r\n\r\n")
-                log.info("CONNECT %s:%d via agent %s (pool %s)", target.node, target.port, ex.agent, ex.pool)
+                self._log.info(client, "connect", "CONNECT %s:%d from %s via agent %s (pool %s)", target.node,
+                               target.port, client, ex.agent, ex.pool)
                 ex.code = "200"  # the tunnel is open: however the relay ends, the request is counted as such
                 ex.sent, ex.received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
                                                         self.cfg.write_stall_timeout)

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from raven.dns.names import NameRule
+from raven.lograte import RateLimitedLog
 from raven.protocol import wire
 from raven.transport.session import Session
 
@@ -78,7 +80,9 @@ REFUSAL_LABELS = (
     ("hosts file would exceed", "hosts-budget"),
     ("not a valid RFC 1123", "invalid-name"),
     ("address is not", "invalid-address"),
+    ("names under the cluster domain", "reserved-suffix"),
     ("reserved name", "reserved-name"),
+    ("reads as an IP address", "reads-as-address"),
     ("not in this agent's certificate", "pool-not-allowed"),
     ("no edge Node object", "no-node-object"),
     ("the Node object puts it", "node-object-pool"),
@@ -92,10 +96,6 @@ def refusal_label(reason: str) -> str:
     return next((label for phrase, label in REFUSAL_LABELS if phrase in reason), "other")
 
 
-# Names an agent may never claim: they would shadow cluster or local names in the hosts file.
-RESERVED_NAMES = frozenset({"localhost", "kubernetes"})
-RESERVED_SUFFIXES = (".svc", ".local", ".localhost", ".internal.cluster", ".cluster.local")
-MAX_LOGGED_REFUSALS = 10
 
 
 Reevaluation = tuple[AgentSession, list[str], list[tuple[str, str]]]
@@ -121,7 +121,10 @@ class Registry:
         max_nodes_total: int = 50000,
         hosts_budget: int | None = None,
         hosts_cost: Callable[[str], int] = lambda name: 0,
+        names: NameRule | None = None,
     ) -> None:
+        self.names = names or NameRule()
+        self._log = RateLimitedLog(log)  # lines an agent's registrations cause: per agent identity and kind
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self.nodes: dict[str, NodeEntry] = {}
         self.pool_nodes: dict[str, set[str]] = {}  # pool -> node names, for per-pool work without a scan
@@ -183,11 +186,11 @@ class Registry:
             entry.sessions.remove(s)
             if not entry.sessions:
                 if withdrawn:
-                    self._forget(entry)
+                    self._forget(entry, s.agent)
                 else:
                     entry.released_at = time.monotonic()
 
-    def _forget(self, entry: NodeEntry) -> None:
+    def _forget(self, entry: NodeEntry, by: str) -> None:
         del self.nodes[entry.name]
         self.hosts_bytes -= self.hosts_cost(entry.name)
         names = self.pool_nodes.get(entry.pool)
@@ -195,7 +198,8 @@ class Registry:
             names.discard(entry.name)
             if not names:
                 del self.pool_nodes[entry.pool]
-        log.info("node %r left pool %r: no agent registers it any more", entry.name, entry.pool)
+        self._log.info(by, "left", "node %r left pool %r: no agent registers it any more (last: agent %s)",
+                       entry.name, entry.pool, by)
 
     # ------------------------------------------------------------ registration
 
@@ -232,16 +236,11 @@ class Registry:
                     new_names += 1
             if reason is not None:
                 refused.append((info.name, reason))
-                if len(refused) <= MAX_LOGGED_REFUSALS:
-                    log.warning(
-                        "refused registration of node %r (pool %r) from agent %s: %s",
-                        info.name[:253], info.pool[:63], s.agent, reason,
-                    )
+                # One line per agent a minute, with a count of the rest: churn cannot grow the log.
+                self._log.warning(s.agent, "refused", "refused registration of node %r (pool %r) from agent %s: %s",
+                                  info.name[:253], info.pool[:63], s.agent, reason)
                 continue
             wanted[info.name] = info
-        if len(refused) > MAX_LOGGED_REFUSALS:
-            log.warning("agent %s: %d more node registrations refused (not logged one by one)",
-                        s.agent, len(refused) - MAX_LOGGED_REFUSALS)
         for name in list(s.nodes):
             if name not in wanted:
                 self._unclaim(name, s, withdrawn=True)
@@ -250,15 +249,15 @@ class Registry:
             entry = self.nodes.get(name)
             if entry is not None and entry.pool != info.pool and entry.sessions:
                 # Only reachable when a Node object contradicts the earlier claims: it wins.
-                log.warning("node %r: its Node object says pool %r; dropping the claims of pool %r",
-                            name, info.pool, entry.pool)
+                self._log.warning(s.agent, "pool-changed", "node %r: its Node object says pool %r; dropping the "
+                                  "claims of pool %r", name, info.pool, entry.pool)
                 for holder in entry.sessions:
                     holder.nodes.discard(name)
                 entry.sessions.clear()
             if entry is None or (not entry.sessions and entry.pool != info.pool):
                 if entry is not None:
-                    log.warning("node %r moves from pool %r to pool %r (its binding expired)",
-                                name, entry.pool, info.pool)
+                    self._log.warning(s.agent, "pool-moved", "node %r moves from pool %r to pool %r (its binding "
+                                      "expired)", name, entry.pool, info.pool)
                 if entry is not None:
                     self.pool_nodes.get(entry.pool, set()).discard(name)
                 else:
@@ -288,7 +287,7 @@ class Registry:
                     if s.agent in entry.listed_by:
                         entry.listed_by = tuple(a for a in entry.listed_by if a != s.agent)
                     if not entry.listed_by and not entry.sessions:
-                        self._forget(entry)
+                        self._forget(entry, s.agent)
         # Grown one name at a time, a set's table ends up to twice the size a copy gets: these live as long
         # as the session (and the pool), so they are rebuilt at their size.
         s.nodes = set(s.nodes)
@@ -302,13 +301,12 @@ class Registry:
         return accepted, refused
 
     def _refusal(self, s: AgentSession, info: wire.NodeInfo) -> str | None:
-        if not wire.valid_node_name(info.name):
-            return "not a valid RFC 1123 node name"
+        refused = self.names.refusal(info.name)  # names that belong to the cluster never reach its DNS
+        if refused is not None:
+            return refused.reason
         if not _ADDRESS.fullmatch(info.address):
             # Informational for the gateway, but stored and shown (/nodes): bounded like the agent's own config.
             return "address is not an IP address or host name (at most 253 characters)"
-        if info.name in RESERVED_NAMES or info.name.endswith(RESERVED_SUFFIXES):
-            return "reserved name (cluster-internal or local names cannot be claimed)"
         if info.pool not in s.pools:
             allowed = ", ".join(sorted(s.pools)) or "none"
             return f"pool {info.pool[:63]!r} is not in this agent's certificate (allowed: {allowed})"

@@ -19,16 +19,17 @@ from aiohttp import web
 from gateway.auth import FrontAuth, TokenSet
 from gateway.layer3 import GatewayLayer3
 from gateway.proxy import Proxy
-from gateway.registry import RESERVED_NAMES, RESERVED_SUFFIXES, Registry
+from gateway.registry import Registry
 from gateway.status import render_html, snapshot
 from gateway.tunnel import TunnelEndpoint
-from raven import pki
+from raven import logsafe, pki
 from raven.config import GatewayConfig, split_host_port
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
 from raven.protocol import wire
+from raven.transport import httperrors
 from raven.transport.listener import (
     ConnectionGuard,
     GuardedSite,
@@ -66,7 +67,7 @@ class Gateway:
         self.registry = Registry(
             rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
-            hosts_budget=budget, hosts_cost=self._hosts_cost(cfg),
+            hosts_budget=budget, hosts_cost=self._hosts_cost(cfg), names=cfg.names.rule(),
         )
         sinks = []
         if cfg.hosts.file is not None:
@@ -105,6 +106,7 @@ class Gateway:
         )
         tokens = TokenSet(front.auth.token_files, front.auth.reload_interval) if front.auth.token_files else None
         self.auth = FrontAuth(tokens)
+        logsafe.add_secrets(self._log_secrets)  # a token is redacted wherever it would reach a log line
         self.front_reloader = CertReloader(front.tls, server=True) if front.tls is not None else None
         self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
                            settled=self.settled, auth=self.auth)
@@ -118,6 +120,10 @@ class Gateway:
         self.started = time.monotonic()
         self.started_wall = time.time()
         self._was_ready = False
+
+    def _log_secrets(self) -> tuple[bytes, ...]:
+        tokens = self.auth.tokens
+        return tokens.current() if tokens is not None else ()
 
     def ready(self) -> tuple[bool, str]:
         """Whether this replica should get traffic now (``/readyz``), and why; evaluated on every call.
@@ -175,6 +181,7 @@ class Gateway:
         reg = self.registry
         reg.rebind_after, reg.max_nodes_per_agent = cfg.node_rebind_after, cfg.max_nodes_per_agent
         reg.max_nodes_total, reg.name_suffixes = cfg.max_nodes_total, tuple(cfg.allowed_name_suffixes)
+        reg.names = cfg.names.rule()  # for registrations from now on
         if self.hosts.addresses != cfg.hosts.service_addresses:
             self.hosts.addresses = list(cfg.hosts.service_addresses)
             reg.set_hosts_cost(self._hosts_cost(cfg))
@@ -207,10 +214,12 @@ class Gateway:
     def edge_names(self) -> list[str]:
         """The one source of truth for DNS: every known edge node (and, in Kubernetes, every edge Node).
 
-        Reserved names (cluster-internal or local) never reach DNS, whatever a Node is called.
+        Names the name rule refuses (the cluster's own, or names that read as addresses) never reach DNS,
+        whatever a Node is called.
         """
         names = {e.name for e in self.registry.known_nodes()} | set(self.kube_nodes)
-        return sorted(n for n in names if n not in RESERVED_NAMES and not n.endswith(RESERVED_SUFFIXES))
+        rule = self.registry.names
+        return sorted(n for n in names if rule.allows(n))
 
     # ------------------------------------------------------------ Kubernetes
 
@@ -258,12 +267,12 @@ class Gateway:
         """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization);
         the status page also takes it as a browser's password."""
         if request.path == "/status.html":
-            denied = self.auth.check_browser(request.headers.get)
+            denied = self.auth.check_browser(lambda name: request.headers.getall(name, []))
         else:
-            denied = self.auth.check_bearer(request.headers.get)
+            denied = self.auth.check_bearer(lambda name: request.headers.getall(name, []))
         if denied is None:
             return None
-        self.metrics.front_refused.labels("auth").inc()
+        self.metrics.front_refused.labels(denied.label).inc()
         return web.Response(status=denied.status, text=f"raven: {denied.reason}\n", headers=denied.headers)
 
     def status_snapshot(self) -> dict[str, Any]:
@@ -339,7 +348,7 @@ class Gateway:
 
         front = web.Server(
             guarded_handler(self.front_guard, self.proxy.handle),
-            logger=_one_line_logger("raven.gateway.http"),
+            logger=httperrors.install("raven.gateway.http"),
             max_line_size=self.cfg.front.max_header_bytes,
             max_field_size=self.cfg.front.max_header_bytes,
             handler_cancellation=True,
@@ -423,6 +432,7 @@ class Gateway:
         self._runners.clear()
         if self.layer3 is not None:
             await self.layer3.close()
+        logsafe.remove_secrets(self._log_secrets)
 
     async def run(self) -> int:
         try:
@@ -448,23 +458,3 @@ class Gateway:
             await self.stop()
         log.info("gateway %s stopped", self.cfg.replica_id)
         return 0
-
-
-class _OneLine(logging.Filter):
-    """Malformed client requests are logged as one line, not a traceback per request."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()}: {record.exc_info[1]!s}"[:500]
-            record.args = ()
-            record.exc_info = None
-            record.exc_text = None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
-
-
-def _one_line_logger(name: str) -> logging.Logger:
-    logger = logging.getLogger(name)
-    if not any(isinstance(f, _OneLine) for f in logger.filters):
-        logger.addFilter(_OneLine())
-    return logger

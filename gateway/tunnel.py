@@ -175,10 +175,11 @@ class TunnelEndpoint:
             async with asyncio.timeout(lim.handshake_timeout):
                 msg = await ws.receive_bytes()
         except TimeoutError:
-            log.warning("agent %s (%s): no HELLO within %.0fs", claim.common_name, peer, lim.handshake_timeout)
+            self._log.warning(peer, "no-hello", "agent %s (%s): no HELLO within %.0fs", claim.common_name, peer,
+                              lim.handshake_timeout)
             return None
         except (TypeError, ConnectionError) as exc:
-            log.warning("agent %s (%s): bad first message: %s", claim.common_name, peer, exc)
+            self._log.warning(peer, "bad-hello", "agent %s (%s): bad first message: %s", claim.common_name, peer, exc)
             return None
         try:
             hello = handshake.read_hello(msg, self.limits)
@@ -260,12 +261,12 @@ class TunnelEndpoint:
             self.metrics.sessions.labels(pool).inc()
         try:  # from here on, whatever happens (a cancel while the older session closes), the finally undoes it
             if old is not None:
-                log.info("agent %s reconnected with session %s: closing the older one", hello.agent,
-                         hello.session[:8])
+                self._log.info(hello.agent, "replaced", "agent %s reconnected with session %s: closing the older "
+                               "one", hello.agent, hello.session[:8])
                 self._cancel_pending(old)
                 await old.session.close("replaced by a newer connection of the same session")
-            log.info("agent %s connected from %s (session %s, pools %s)", hello.agent, peer, hello.session[:8],
-                     ",".join(sorted(pools)))
+            self._log.info(hello.agent, "connected", "agent %s connected from %s (session %s, pools %s)",
+                           hello.agent, peer, hello.session[:8], ",".join(sorted(pools)))
             if self.draining:
                 session.send_control(wire.Drain("gateway is draining"))
             del hello, welcome, old  # this frame lives as long as the session (memory per idle session)
@@ -282,8 +283,8 @@ class TunnelEndpoint:
             for pool in pools:
                 self.metrics.sessions.labels(pool).dec()
             self._update_gauges()
-            log.info("agent %s session %s closed: %s", agent_session.agent, agent_session.session_id[:8],
-                     session.close_reason)
+            self._log.info(agent_session.agent, "closed", "agent %s session %s closed: %s", agent_session.agent,
+                           agent_session.session_id[:8], session.close_reason)
 
     def _on_control(self, agent_session: AgentSession, frame: wire.ControlFrame) -> None:
         if isinstance(frame, wire.Register):
@@ -302,10 +303,11 @@ class TunnelEndpoint:
                                "not enabled on this gateway: ignored", agent_session.agent)
         elif isinstance(frame, wire.Drain):
             agent_session.draining = True
-            log.info("agent %s session %s is draining: %s", agent_session.agent,
-                     agent_session.session_id[:8], frame.reason)
+            self._log.info(agent_session.agent, "draining", "agent %s session %s is draining: %s",
+                           agent_session.agent, agent_session.session_id[:8], frame.reason)
         else:
-            log.info("agent %s sent unexpected %s; ignored", agent_session.agent, type(frame).__name__)
+            self._log.info(agent_session.agent, "unexpected", "agent %s sent unexpected %s; ignored",
+                           agent_session.agent, type(frame).__name__)
 
     def _stream_closed(self, _: Stream) -> None:
         self.metrics.streams.dec()
@@ -364,8 +366,8 @@ class TunnelEndpoint:
                 # Label values come only from the certificate: an agent cannot mint series.
                 label = pool if pool in s.pools else "other"
                 self.metrics.refusals.labels(label, refusal_label(reason)).inc()
-        log.info("agent %s session %s registered %d nodes (%d refused)", s.agent, s.session_id[:8], len(accepted),
-                 len(refused))
+        self._log.info(s.agent, "registered", "agent %s session %s registered %d nodes (%d refused)", s.agent,
+                       s.session_id[:8], len(accepted), len(refused))
         for answer in wire.split_registered(accepted, refused):
             s.session.send_control(answer)
         self._update_gauges()

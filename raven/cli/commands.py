@@ -14,12 +14,12 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from raven import __version__
+from raven import __version__, logsafe
 from raven.cli import certs
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.layer3 import noderoutes
-from raven.lograte import BoundedLines
+from raven.transport import httperrors
 
 log = logging.getLogger("raven")
 
@@ -36,8 +36,8 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for handler in logging.getLogger().handlers:  # no line longer than MAX_LINE, whatever a peer sent
-        handler.addFilter(BoundedLines())
+    logsafe.install()  # every line redacted, escaped and bounded, whoever wrote it and whatever a peer sent
+    httperrors.install()  # aiohttp's lines about malformed requests: one short line per client and minute
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

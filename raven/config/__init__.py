@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
 from raven.errors import ConfigError
 from raven.layer3.config import AgentLayer3, GatewayLayer3
 from raven.protocol import wire
@@ -264,6 +265,29 @@ class HostsSettings(_Model):
     debounce: Seconds = Field(1.0, description="wait this long after a change before publishing")
 
 
+class NameRules(_Model):
+    """Which node names may be published in the hosts file CoreDNS serves (raven/dns/names.py)."""
+
+    denied_names: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DENIED_NAMES),
+        description="names never published, whoever claims them (replaces the default list: keep its entries "
+        "when you add to it; or use extra_denied_names)",
+    )
+    extra_denied_names: list[str] = Field(
+        default_factory=list, description="more names never published (e.g. your own Services' short names)",
+    )
+    denied_suffixes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DENIED_SUFFIXES), description="names ending in these are never published",
+    )
+    cluster_domain: str = Field(
+        DEFAULT_CLUSTER_DOMAIN, max_length=253,
+        description="the cluster's DNS domain: names under it are never published",
+    )
+
+    def rule(self) -> NameRule:
+        return NameRule([*self.denied_names, *self.extra_denied_names], self.denied_suffixes, self.cluster_domain)
+
+
 class GatewayConfig(_Model):
     replica_id: str = Field(default_factory=socket.gethostname)
     replicas: int = Field(1, ge=1, le=1 << 16, description="how many gateway replicas serve this Service")
@@ -305,6 +329,7 @@ class GatewayConfig(_Model):
         "more are held (the newest replaces a held one) and applied when the rate allows",
     )
     register_burst: int = Field(10, ge=1, le=1 << 16)
+    names: NameRules = Field(NameRules(), description="the rule for node names that reach DNS")
     allowed_name_suffixes: list[str] = Field(
         default_factory=list,
         description="without Kubernetes, dotted node names an agent may claim must end in one of these "

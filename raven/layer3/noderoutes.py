@@ -41,6 +41,7 @@ import yaml
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from raven import logsafe
 from raven.errors import ConfigError, RavenError
 from raven.layer3.config import RoutesLayer3, parse
 from raven.layer3.errors import Layer3Error
@@ -237,6 +238,7 @@ def _setup_logging(level: str) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                             format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        logsafe.install()
 
 
 def command(args: argparse.Namespace) -> int:

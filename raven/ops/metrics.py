@@ -90,6 +90,8 @@ class AgentMetrics:
             "raven_agent_bytes", "Body bytes forwarded, by direction (to_node, from_node)", ["direction"], registry=r
         )
         self.refused = Counter("raven_agent_refused_streams", "Streams refused by the agent", ["reason"], registry=r)
+        self.nodes_refused = Gauge("raven_agent_nodes_refused",
+                                   "Nodes of this agent's inventory a gateway refused (its latest answers)", registry=r)
         self.l3_packets = Counter(
             "raven_agent_layer3_packets", "Layer-3 packets, by direction (to_gateway, from_gateway)", ["direction"],
             registry=r,

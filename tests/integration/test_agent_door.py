@@ -362,3 +362,39 @@ async def test_one_client_holds_at_most_its_share_of_a_node(evil: Evil) -> None:
         for sid in sids:
             await evil.ws.send_bytes(wire.encode(wire.Reset(sid, wire.ResetCode.CANCEL, "done")))
         await eventually(lambda: evil.node.open_stalls == 0, timeout=5)
+
+
+FORGED = "2026-11-25 00:00:00,000 ERROR   raven.agent: FORGED"
+
+
+async def test_what_the_gateway_says_cannot_forge_or_flood_agent_log_lines(evil: Evil) -> None:
+    """Reasons in DRAIN, REGISTERED and RESET frames carry newlines, NUL and terminal escapes: the agent's log
+    shows them escaped on the line they belong to, and a flood of them grows the log by a few lines only.
+    Runs last in this module: the DRAIN leaves the session draining."""
+    ws = evil.ws
+    assert ws is not None
+    evil_text = f"x\n{FORGED}\r\x00\x1b[2J\x1b]0;title\x07\u2028"
+    size_before = evil.agent.log.stat().st_size
+    sid = await evil.gateway.open(http_open("edge-e-node", evil.node_port, "/stall"))
+    await eventually(lambda: evil.node.open_stalls == 1, timeout=5, what="the stalled request")
+    await ws.send_bytes(wire.encode(wire.Reset(sid, wire.ResetCode.CANCEL, evil_text)))
+    for _ in range(500):
+        await ws.send_bytes(wire.encode(wire.Registered((), (("edge-e-1", evil_text),))))
+    for _ in range(500):
+        await ws.send_bytes(wire.encode(wire.Drain(evil_text)))
+
+    def logged() -> bool:
+        text = evil.agent.log.read_text(errors="replace")
+        return "is draining" in text and "refused node" in text and "ended by the gateway" in text
+
+    await eventually(logged, timeout=10, what="the agent's lines about the gateway's frames")
+    await asyncio.sleep(0.5)  # anything still queued reaches the log
+    grown = evil.agent.log.read_bytes()[size_before:]
+    text = grown.decode(errors="replace")
+    assert FORGED not in [line[: len(FORGED)] for line in text.splitlines()], text[-3000:]
+    for raw in ("\x00", "\x1b", "\x07", "\r", "\u2028"):
+        assert raw not in text, repr(raw)
+    assert "\\x1b[2J" in text and "\\n" + FORGED in text  # escaped, on the line it came with
+    # 1,000 frames, a handful of lines (one per kind a minute, then "N more like it").
+    assert len(grown) < 4096, f"{len(grown)} bytes logged:\n{text[-3000:]}"
+    await eventually(lambda: evil.node.open_stalls == 0, timeout=5)

@@ -1,0 +1,89 @@
+"""Which node names may reach DNS: names as Kubernetes allows them, minus the names that belong to the cluster.
+
+The hosts file Raven publishes is served by CoreDNS to the whole cluster, so a name in it shadows whatever that
+name meant before. An agent (or a Node object) may therefore only publish a name that
+
+- is a valid node name: RFC 1123, lower case, labels of at most 63 characters, at most 253 in all (most node
+  names are single labels such as ``edge-gpu-7``; those always pass the rest of the rule unless denied);
+- is not on the deny list: the cluster's and the host's own names (``localhost``, ``kubernetes``, ``kube-dns``,
+  ``coredns``, ``metadata``, ``prometheus``, the gateway's Service names ...), by default and as configured;
+- does not end in a denied suffix: the cluster domain (``cluster.local`` by default, and ``.svc``), ``.local``,
+  ``.localhost``, ``.internal.cluster``, and any configured;
+- does not read as an IP address to a resolver or a C library: a name whose last label is all digits
+  (``2130706433``, ``10.0.0.1``) or that ``inet_aton`` takes for an address (``0x7f000001``).
+
+:class:`NameRule` answers with a :class:`NameRefusal` (a fixed label for metrics and a reason for people), or
+None for a name that may be published. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from raven.protocol.wire import valid_node_name
+
+# Names that belong to the host, the cluster, cloud metadata services, the monitoring stack and Raven itself.
+DEFAULT_DENIED_NAMES: tuple[str, ...] = (
+    "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "broadcasthost", "wpad",
+    "kubernetes", "kubernetes.default", "kube-apiserver", "kube-dns", "kube-proxy", "coredns", "etcd",
+    "metadata", "metadata.google.internal", "instance-data", "instance-data.ec2.internal",
+    "prometheus", "alertmanager", "grafana", "pushgateway",
+    "raven", "raven-gateway", "raven-gateway-tunnel", "raven-agent",
+)
+DEFAULT_DENIED_SUFFIXES: tuple[str, ...] = (".svc", ".local", ".localhost", ".internal.cluster")
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+
+
+@dataclass(frozen=True, slots=True)
+class NameRefusal:
+    label: str  # a fixed word: "invalid-name", "reserved-name", "reserved-suffix", "reads-as-address"
+    reason: str
+
+
+def reads_as_address(name: str) -> bool:
+    """A name a resolver or ``inet_aton`` may take for an IPv4 address (all-digit last label, hex or octal forms)."""
+    if name.rsplit(".", 1)[-1].isdigit():
+        return True
+    try:
+        socket.inet_aton(name)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+class NameRule:
+    """The stated rule for names that reach DNS; built from the gateway's configuration."""
+
+    def __init__(
+        self,
+        denied_names: Iterable[str] = DEFAULT_DENIED_NAMES,
+        denied_suffixes: Iterable[str] = DEFAULT_DENIED_SUFFIXES,
+        cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
+    ) -> None:
+        self.denied_names = frozenset(n.lower().rstrip(".") for n in denied_names)
+        suffixes = {"." + s.lower().strip(".") for s in denied_suffixes if s.strip(".")}
+        domain = cluster_domain.lower().strip(".")
+        if domain:
+            suffixes.add("." + domain)
+            self.denied_names |= {domain}
+        self.denied_suffixes = tuple(sorted(suffixes))
+
+    def refusal(self, name: str) -> NameRefusal | None:
+        if not valid_node_name(name):
+            return NameRefusal("invalid-name", "not a valid RFC 1123 node name (lower case letters, digits, '-' and "
+                                               "'.', labels of 1-63 characters, at most 253 in all)")
+        if name in self.denied_names:
+            return NameRefusal("reserved-name", "reserved name: it belongs to the cluster or the host "
+                                                "(names.denied_names), so it is never published")
+        if name.endswith(self.denied_suffixes):
+            return NameRefusal("reserved-suffix", "reserved name: names under the cluster domain or a local suffix "
+                                                  "(names.denied_suffixes, names.cluster_domain) are never published")
+        if reads_as_address(name):
+            return NameRefusal("reads-as-address", "the name reads as an IP address to many resolvers (all-digit "
+                                                   "last label, or a hex/octal address form)")
+        return None
+
+    def allows(self, name: str) -> bool:
+        return self.refusal(name) is None
