@@ -20,7 +20,8 @@ from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FRAMING, HOP_
 MAX_TARGET = 8192
 # Origin-form (RFC 9112 section 3.2.1): an absolute path and an optional query, printable ASCII without
 # spaces; no fragment, no backslash (some servers read it as '/').
-_ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%]*")
+# The query may also hold "[" and "]" as clients send them unencoded (Prometheus's params such as collect[]).
+_ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=@A-Z_a-z~%]*(\?[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%\[\]]*)?")
 # Headers from the gateway that never reach the node: hop-by-hop ones and the framing (the agent's HTTP client
 # frames the body it sends itself; a gateway must not choose the framing). Raven's own are consumed.
 _DROP = HOP_BY_HOP | FRAMING
@@ -77,7 +78,9 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
     if not _ORIGIN_FORM.fullmatch(target):
         raise Refused("target", f"request target {target[:80]!r} is not origin-form (/path?query)")
     path, _, query = target.partition("?")
-    url = URL.build(scheme="http", host=address, port=frame.port, path=path, query_string=query, encoded=True)
+    # Already encoded parts: an IPv6 address must come bracketed then (yarl brackets it only when it encodes).
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    url = URL.build(scheme="http", host=host, port=frame.port, path=path, query_string=query, encoded=True)
     # Belt and braces: whatever the target held, the URL goes to the inventory address and allowed port only.
     if url.host != address.strip("[]") or url.port != frame.port or url.user is not None:
         raise Refused("target", f"request target {target[:80]!r} would leave node {node!r}")
