@@ -82,6 +82,8 @@ BROKEN: list[tuple[str, str, str, str, Callable[[Doc], None], str]] = [
     ("Secret key missing in a ScrapeConfig", "monitoring", "ScrapeConfig", "raven-edge-dcgm",
      lambda d: d["spec"]["authorization"]["credentials"].pop("key"),
      "spec.authorization.credentials: must have required property key"),
+    ("unknown field in a PrometheusRule's alert", "monitoring", "PrometheusRule", "raven",
+     lambda d: d["spec"]["groups"][1]["rules"][0].update(fr="5m"), "spec.groups[1].rules[0].fr: unknown field"),
     ("wrong type in a PrometheusRule", "monitoring", "PrometheusRule", "raven",
      _set("spec.groups.0.rules", {"record": "x"}), "spec.groups[0].rules: must be array"),
     ("bad field in a cert-manager Certificate", "../certs/manifests", "Certificate", "raven-gateway",

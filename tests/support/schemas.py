@@ -46,8 +46,19 @@ def is_custom(doc: dict[str, Any]) -> bool:
     return group(doc) in CUSTOM_GROUPS
 
 
+_core_cache: dict[str, list[str]] = {}
+
+
 def core_errors(doc: dict[str, Any]) -> list[str]:
-    """kubernetes-validate's complaints about a core object, for each Kubernetes version (empty: valid)."""
+    """kubernetes-validate's complaints about a core object, for each Kubernetes version (empty: valid);
+    remembered per object (the same object is often both in a file and in several renders)."""
+    key = json.dumps(doc, sort_keys=True)
+    if key not in _core_cache:
+        _core_cache[key] = _core_errors(doc)
+    return list(_core_cache[key])
+
+
+def _core_errors(doc: dict[str, Any]) -> list[str]:
     errors: list[str] = []
     for version in K8S_VERSIONS:
         try:
