@@ -52,7 +52,7 @@ _core_cache: dict[str, list[str]] = {}
 def core_errors(doc: dict[str, Any]) -> list[str]:
     """kubernetes-validate's complaints about a core object, for each Kubernetes version (empty: valid);
     remembered per object (the same object is often both in a file and in several renders)."""
-    key = json.dumps(doc, sort_keys=True)
+    key = json.dumps(doc, sort_keys=True, default=str)
     if key not in _core_cache:
         _core_cache[key] = _core_errors(doc)
     return list(_core_cache[key])
@@ -87,7 +87,7 @@ def custom_errors(docs: Sequence[dict[str, Any]]) -> list[list[str]]:
     """The Prometheus Operator's / cert-manager's schemas' complaints, one list per object (empty: valid).
 
     One Node.js process checks every object not seen before; results are remembered per object."""
-    keys = [json.dumps(doc, sort_keys=True) for doc in docs]
+    keys = [json.dumps(doc, sort_keys=True, default=str) for doc in docs]
     missing = list(dict.fromkeys(k for k in keys if k not in _custom_cache))
     if missing:
         proc = subprocess.run(
