@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
 scripts/system-deps.sh
+scripts/validators.sh
 .venv/bin/ruff check raven gateway agent tests bench
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -q "$@"
