@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -32,13 +33,27 @@ poll = functools.partial(eventually, interval=0.25, tolerate=NOT_YET)
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Testbed]:
-    tb = Testbed(tmp_path_factory.mktemp("raven-rolling"), replicas=2, scrape_interval=INTERVAL)
+    tb = Testbed(replicas=2, scrape_interval=INTERVAL)  # its own folder: kept (logs) unless all went well
+    ok = False
     try:
         await tb.start()
         await tb.wait_all_up(90)
         yield tb
+        ok = True
     finally:
         await tb.close()
+        if ok:
+            shutil.rmtree(tb.workdir, ignore_errors=True)
+        else:
+            print(f"testbed logs kept in {tb.workdir}")
+
+
+async def failed_scrapes(bed: Testbed, since: float) -> list[tuple[float, str]]:
+    """Every failed scrape of an edge target since ``since`` (wall clock), from Prometheus's raw samples."""
+    span = f"{max(1, round(time.time() - since + 1))}s"
+    data = await bed.get_json(PROMETHEUS + "/api/v1/query", {"query": f'up{{job=~"edge-.*"}}[{span}]'})
+    return sorted((float(t), f"{r['metric']['job']} {r['metric'].get('node')}") for r in data["data"]["result"]
+                  for t, v in r["values"] if float(v) == 0 and float(t) >= since)
 
 
 async def _both_replicas_ready(bed: Testbed) -> bool:
@@ -61,12 +76,13 @@ async def test_rolling_restarts_of_gateways_and_agents_lose_no_scrape(bed: Testb
     failed_dials = 'sum(net_conntrack_dialer_conn_failed_total{dialer_name=~"edge-.*"})'
     dials_before = sum((await bed.query(failed_dials)).values())
     await asyncio.sleep(3 * INTERVAL)  # Prometheus has scraped every target since all was ready
-    start = time.monotonic()
+    start, wall = time.monotonic(), time.time()
     steps: list[str] = []
 
     for replica in (1, 2):
         name = f"gateway-{replica}"
         t0 = time.monotonic()
+        steps.append(f"{time.time() - wall:5.1f}s SIGTERM {name}")
         assert await bed.stop(name, signal.SIGTERM, grace=30) == 0, f"{name} did not drain and exit 0"
         stopped = time.monotonic() - t0
         await bed.start_gateway(replica)
@@ -75,6 +91,7 @@ async def test_rolling_restarts_of_gateways_and_agents_lose_no_scrape(bed: Testb
     for site in bed.sites:
         for agent in site.agents:
             t0 = time.monotonic()
+            steps.append(f"{time.time() - wall:5.1f}s SIGTERM {agent}")
             assert await bed.stop(agent, signal.SIGTERM, grace=30) == 0, f"{agent} did not drain and exit 0"
             stopped = time.monotonic() - t0
             await bed.start_agent(site, agent)
@@ -89,6 +106,8 @@ async def test_rolling_restarts_of_gateways_and_agents_lose_no_scrape(bed: Testb
     count = await bed.query(f'count_over_time(up{{job=~"edge-.*"}}[{span}])')
     failed = await bed.query(f'count_over_time((up{{job=~"edge-.*"}} == 0)[{span}:{INTERVAL:g}s])')
     print(f"scrapes per target: {sorted(count.values())}; failed: {failed or 'none'}")
+    for at, target in await failed_scrapes(bed, wall):
+        print(f"  failed scrape at {at - wall:5.1f}s: {target}")
     assert sorted(worst) == bed.edge_targets()
     assert set(worst.values()) == {1.0}, f"failed scrapes during the rolling restart: {failed}"
     # A scrape was recorded (successfully) in nearly every interval: none was skipped or hung.
