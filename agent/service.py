@@ -133,11 +133,19 @@ class Agent:
         log.info("configuration reload: took over %s", ", ".join(changed))
 
     def ready(self) -> tuple[bool, str]:
+        """Ready while it holds a session to every gateway replica it dials, not merely to one.
+
+        A rolling restart of a pool's agents stops the next one once this one is ready: had it reached one
+        replica only, the others would be left without an agent of the pool.
+        """
         if self.draining:
             return False, "draining"
-        if self.sessions:
-            return True, f"{len(self.sessions)} session(s) up"
-        return False, "no session to any gateway"
+        if not self.sessions:
+            return False, "no session to any gateway"
+        wanted = max(len(self._links), self.replicas_expected)
+        if len(self.sessions) < wanted:
+            return False, f"sessions to {len(self.sessions)} of {wanted} gateway replica(s)"
+        return True, f"{len(self.sessions)} session(s) up"
 
     def set_kube_nodes(self, nodes: dict[str, KubeNode]) -> None:
         """The pool's Node objects changed: serve them (plus the static list) and re-register everywhere."""

@@ -420,6 +420,8 @@ class Proxy:
                 raise Refusal(RESET_STATUS.get(exc.code, 502), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
                 raise Refusal(502, f"{ex.via()}: the body ended after 0 of {length} bytes")
+        if self.draining():
+            resp.force_close()  # "Connection: close": a draining replica sends keep-alive clients elsewhere
         await resp.prepare(request)
         received = 0
         try:

@@ -111,6 +111,7 @@ class Gateway:
         self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
                            settled=self.settled, auth=self.auth)
         self._runners: list[web.BaseRunner] = []
+        self._front_sites: list[GuardedSite] = []
         self._background: list[asyncio.Task[None]] = []
         self.kube_nodes: dict[str, KubeNode] = {}
         self.kube_synced = not cfg.kubernetes.enabled
@@ -129,10 +130,11 @@ class Gateway:
         """Whether this replica should get traffic now (``/readyz``), and why; evaluated on every call.
 
         Not ready while draining; while the Kubernetes Node list has not arrived (registrations wait for
-        it); after a start until agents have connected and settled (``ready_settle``, at most
-        ``ready_max_wait``); and when it has lost every agent session it had for longer than ``ready_max_wait``
-        (it can serve nothing while other replicas may; a reconnect does not flap it). A replica that never had
-        an agent is ready after ``ready_max_wait``, so that a rollout before any agent exists is not blocked.
+        it); after a start until its agents are back (see :meth:`_settled`: every edge Node reachable, or
+        ``ready_max_wait``, the agents' reconnect bound); and when it has lost every agent session it had for
+        longer than ``ready_max_wait`` (it can serve nothing while other replicas may; a reconnect does not flap
+        it). A replica that never had an agent is ready after ``ready_max_wait``, so that a rollout before any
+        agent exists is not blocked.
         """
         if self.tunnel.draining:
             return False, "draining"
@@ -195,17 +197,37 @@ class Gateway:
         return lambda name: sum(len(a) + len(name) + 2 for a in addresses)
 
     def settled(self) -> bool:
-        """Has this replica seen its agents come back since it started (the condition behind /readyz)?"""
+        """Has every agent that may still be reconnecting had its chance (the condition behind /readyz)?
+
+        Until then a node this replica has not heard of is answered 503 "retry", not 404 "no such node".
+        """
         return self._was_ready or self._settled()[0]
 
     def _settled(self) -> tuple[bool, str]:
+        """Whether the agents are back after a start, bounded by what agents do: ``ready_max_wait``.
+
+        A restarted replica knows nothing of the sessions it had (a new pod has no state) and cannot tell "no
+        agent serves this node" from "its agents have not redialled yet". Every live agent redials within its
+        backoff cap (``gateway.backoff_max``, 30 s) plus one dial (``dial_timeout``, 10 s), so ``ready_max_wait``
+        (45 s) bounds the wait. Earlier only when it knows what to expect: with Kubernetes, once every pool
+        that has edge Nodes has a node reachable through an agent session (an agent registers its whole pool) and
+        no new session came for ``ready_settle``. Without
+        Kubernetes it waits the whole bound: a quiet moment says nothing about an agent still in its backoff.
+        """
         sessions = len(self.registry.sessions)
-        status = f"{sessions} agent session(s), {len(self.registry.reachable_nodes())} node(s)"
+        reachable = self.registry.reachable_nodes()
+        status = f"{sessions} agent session(s), {len(reachable)} node(s)"
         now = time.monotonic()
-        if now - self.started >= self.cfg.ready_max_wait:
+        left = self.cfg.ready_max_wait - (now - self.started)
+        if left <= 0:
             return True, status
-        if not sessions:
-            return False, f"waiting for agents to connect ({status})"
+        if not self.cfg.kubernetes.enabled:
+            return False, (f"agents may still be reconnecting ({status}; ready_max_wait, the agents' reconnect "
+                           f"bound, ends in {left:.0f}s)")
+        missing = {n.pool for n in self.kube_nodes.values() if n.pool} - {e.pool for e in reachable}
+        if missing:
+            return False, (f"waiting for the agents of {len(missing)} pool(s) with edge Nodes, e.g. "
+                           f"{sorted(missing)[0]!r} ({status}; at most {left:.0f}s more)")
         quiet = now - self.tunnel.last_session_at
         if quiet < self.cfg.ready_settle:
             return False, f"agents still connecting ({status}; last {quiet:.1f}s ago)"
@@ -347,7 +369,7 @@ class Gateway:
         await GuardedSite(tunnel_runner, host, port, self.tunnel_guard, ssl_context=self.reloader.listener).start()
 
         front = web.Server(
-            guarded_handler(self.front_guard, self.proxy.handle),
+            guarded_handler(self.front_guard, self._front_handle),
             logger=httperrors.install("raven.gateway.http"),
             max_line_size=self.cfg.front.max_header_bytes,
             max_field_size=self.cfg.front.max_header_bytes,
@@ -360,8 +382,10 @@ class Gateway:
         self._runners.append(front_runner)
         for listen in (self.cfg.front.listen, *self.cfg.front.also_listen):
             host, port = split_host_port(listen)
-            await GuardedSite(front_runner, host, port, self.front_guard,
-                              ssl_context=self.front_reloader.listener if self.front_reloader else None).start()
+            site = GuardedSite(front_runner, host, port, self.front_guard,
+                               ssl_context=self.front_reloader.listener if self.front_reloader else None)
+            await site.start()
+            self._front_sites.append(site)
         if self.auth.enabled:
             log.info("front end: bearer tokens required (%d accepted)", len(self.auth.tokens.tokens())
                      if self.auth.tokens else 0)
@@ -396,17 +420,44 @@ class Gateway:
             ",".join(map(str, self.cfg.front.allowed_ports)), self.cfg.metrics_listen,
         )
 
+    async def _front_handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The front end's handler: the proxy's, and while draining every answer closes its connection."""
+        resp = await self.proxy.handle(request)
+        if self.tunnel.draining:
+            resp.force_close()  # not prepared yet: "Connection: close" in its head; else a close after it
+        return resp
+
     async def drain(self) -> None:
-        """Refuse new agents, tell connected ones, let requests in flight finish, then stop."""
-        log.info("draining: /readyz now 503; serving for %.1fs more, then waiting up to %.0fs for requests in flight",
-                 self.cfg.drain_linger, self.cfg.drain_grace)
+        """Stop being ready, stop admitting, let everything in flight finish, and only then close sessions.
+
+        1. ``/readyz`` says 503, agents are told (DRAIN), new tunnels are refused; every front-end answer from
+           now on carries ``Connection: close`` and keep-alive connections waiting for their next request are
+           closed, so clients reconnect through the Service, to another replica once it has taken this one out.
+           (A client whose request crossed that close gets no byte back; Go's HTTP client, so Prometheus's,
+           sends an idempotent request again on a new connection then.)
+        2. For ``drain_linger`` new connections are still served, one request each, while the Service removes
+           this replica from its endpoints; then the front listeners refuse new connections.
+        3. Up to ``drain_grace`` for every front connection to finish its request and close.
+        4. Then the agent sessions close: nothing in flight is cut, nothing new can arrive.
+        """
+        log.info("draining: /readyz now 503, answers close their connections; new connections taken for %.1fs "
+                 "more, then up to %.0fs for requests in flight", self.cfg.drain_linger, self.cfg.drain_grace)
         self.tunnel.start_drain()
+        closed = self.front_guard.drain()
         await asyncio.sleep(self.cfg.drain_linger)
+        for site in self._front_sites:
+            await site.stop_accepting()
+        closed += self.front_guard.drain()
+        log.info("draining: front end takes no new connection (%d idle keep-alive connection(s) closed, %d still "
+                 "open, %d request(s) in flight)", closed, self.front_guard.connections,
+                 sum(self.proxy.node_streams.values()))
         try:
             async with asyncio.timeout(self.cfg.drain_grace):
+                await self.front_guard.wait_empty()
                 await self.proxy.idle.wait()
         except TimeoutError:
-            log.warning("drain grace over with %d request(s) still in flight", sum(self.proxy.node_streams.values()))
+            log.warning("drain grace over with %d front connection(s) and %d request(s) still in flight",
+                        self.front_guard.connections, sum(self.proxy.node_streams.values()))
         self._stopped.set()
 
     async def stop(self) -> None:

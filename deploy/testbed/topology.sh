@@ -68,6 +68,9 @@ up() {
     ns "$WAN" ip link set br0 up
     add_ns "$CLOUD"
     link_to_bridge "$CLOUD" wan0 10.200.0.1/24 "$WAN" br0 cloud
+    # Two more cloud addresses: gateway replicas behind a Service at 10.200.0.1 (tests/support/servicelb.py)
+    ns "$CLOUD" ip addr add 10.200.0.11/24 dev wan0
+    ns "$CLOUD" ip addr add 10.200.0.12/24 dev wan0
     ip link add "$PREFIX-obs" type veth peer name obs0 netns "$CLOUD"
     ip addr add 10.199.0.1/30 dev "$PREFIX-obs"
     ip link set "$PREFIX-obs" up

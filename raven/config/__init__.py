@@ -300,10 +300,16 @@ class GatewayConfig(_Model):
     hosts: HostsSettings = HostsSettings()
     ready_settle: float = Field(
         2.0, ge=0, le=300,
-        description="after start, /readyz waits for agent sessions to arrive and then for this long without a "
-        "new one, so that a restarted replica does not take traffic before its agents are back",
+        description="with Kubernetes, after start /readyz waits until every pool with edge Nodes has an agent "
+        "session and then for this long without a new one",
     )
-    ready_max_wait: Seconds = Field(30.0, description="after this long since start, ready regardless")
+    ready_max_wait: Seconds = Field(
+        45.0,
+        description="the agents' reconnect bound: their gateway.backoff_max (30 s) plus dial_timeout (10 s) and a "
+        "margin. After a start, a node not heard of yet is answered 503 (retry), not 404, until the agents are "
+        "back or this long has passed, and /readyz waits as long (without Kubernetes, always this long); later, "
+        "a replica that has lost every agent session for this long turns unready",
+    )
     node_rebind_after: Seconds = Field(
         3600.0, description="a node stays bound to its pool this long after its last agent left; until then "
         "another pool's claim is refused",

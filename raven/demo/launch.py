@@ -147,6 +147,9 @@ class LocalCluster:
             "drain_grace": 5,
             "drain_linger": 0.5,
             "ready_settle": 0.5,
+            # The agents' reconnect bound (their backoff_max, 2 s here, and a refused dial's moment): a replica
+            # is ready this long after its start, or earlier with Kubernetes once every pool is back.
+            "ready_max_wait": 3,
         }
         if self.front_token is not None:
             token_file = self.workdir / "front-token"

@@ -224,6 +224,8 @@ class ConnectionGuard:
         self._per_client: dict[str, int] = {}
         self._conns: dict[asyncio.BaseTransport, _GuardedProtocol] = {}
         self._log = RateLimitedLog(log)
+        self.draining = False
+        self._empty_waiters: list[asyncio.Future[None]] = []
 
     @property
     def connections(self) -> int:
@@ -262,6 +264,33 @@ class ConnectionGuard:
             self._per_client[client] = held
         else:
             self._per_client.pop(client, None)
+        if not self._conns:
+            waiters, self._empty_waiters = self._empty_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def drain(self) -> int:
+        """Close every keep-alive connection that waits for its next request; returns how many.
+
+        A connection in the middle of a request (its head arriving, or being answered) is left alone: the
+        caller answers it with ``Connection: close``. Closing an idle keep-alive connection loses nothing: a
+        client that sent a request on it at that moment gets no byte of an answer, and HTTP clients (Go's, so
+        Prometheus's) send an idempotent request again on a new connection then.
+        """
+        self.draining = True
+        idle = [conn for conn in self._conns.values() if conn._phase == _IDLE]
+        for conn in idle:
+            if conn._transport is not None and not conn._transport.is_closing():
+                conn._transport.close()
+        return len(idle)
+
+    async def wait_empty(self) -> None:
+        """Return once the listener holds no connection (the caller bounds the wait)."""
+        while self._conns:
+            fut = asyncio.get_running_loop().create_future()
+            self._empty_waiters.append(fut)
+            await fut
 
     def _refused(self, label: str, client: str, why: str) -> None:
         if self.on_refused is not None:
@@ -391,13 +420,24 @@ class GuardedSite(BaseSite):
             if not isinstance(exc, Exception):
                 raise  # cancelled (the site stops)
 
+    async def stop_accepting(self) -> None:
+        """Take no new connection (the port refuses them); the connections open go on until they end.
+
+        TLS handshakes not finished yet are abandoned: such a client has sent no request.
+        """
+        if self._server is not None:
+            self._server.close()
+        await self.stop()
+
     async def stop(self) -> None:
         tasks = [t for t in (self._accept, *self._handshakes) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._accept = None
         if self._sock is not None:
             self._sock.close()
+            self._sock = None
             self._sock = None
         await super().stop()
 

@@ -400,6 +400,9 @@ async def test_a_restarted_replica_answers_503_not_404_until_settled(door: Door)
         await asyncio.gather(start, hammer(http))
         await door.cluster.wait_registered(30)
         await hammer(http)
+    restarted = door.cluster.gateway
+    assert restarted is not None
+    await door.cluster.wait_ready(restarted)  # ready_max_wait (the agents' reconnect bound) after its start
     assert 404 not in statuses, statuses
     assert statuses.get(200, 0) > 20, statuses
     if 503 in statuses:

@@ -165,9 +165,11 @@ async def test_rolling_restart_of_every_replica_loses_no_scrape(ha: HA) -> None:
             proc = ha.cluster.gateways[replica]
             assert proc is not None
             assert await ha.cluster.stop(proc, signal.SIGTERM, grace=15) == 0
-            await ha.cluster.start_gateway(replica)
-            # Agents come back to the restarted replica by themselves.
+            new = await ha.cluster.start_gateway(replica)
+            # Agents come back to the restarted replica by themselves; as a rollout does, the next replica
+            # stops only once this one is ready (its agents' reconnect bound, ready_max_wait, has passed).
             await ha.cluster.wait_registered(30, replicas=[replica])
+            await ha.cluster.wait_ready(new)
             await asyncio.sleep(0.5)
     assert len(scraper.results) > 20
     assert scraper.failures() == []
@@ -227,3 +229,31 @@ async def test_single_balanced_address_reaches_every_replica(ha: HA) -> None:
     finally:
         cluster.gateway_url, cluster.agent_settings = saved
         await lb.close()
+
+
+async def test_a_draining_replica_sends_keep_alive_clients_elsewhere(ha: HA) -> None:
+    """SIGTERM: the idle keep-alive connection is closed, a request in the drain window is served on a new
+    connection with "Connection: close", and after drain_linger the replica takes no new connection."""
+    node, proc = ha.nodes[0], ha.cluster.gateways[0]
+    assert proc is not None
+    url, front = f"http://{node}:{ha.port}/metrics", ha.cluster.front_url_of(0)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
+                                         timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url, proxy=front) as resp:
+                assert resp.status == 200 and resp.headers.get("Connection", "").lower() != "close"
+                await resp.read()
+            proc.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)  # drain_linger is 1 s here
+            async with http.get(url, proxy=front) as resp:
+                body = await resp.read()
+                assert resp.status == 200 and f'Hostname="{node}"'.encode() in body
+                assert resp.headers.get("Connection", "").lower() == "close"
+            await asyncio.sleep(1.5)  # past drain_linger: new connections are refused
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with http.get(url, proxy=front) as resp:
+                    await resp.read()
+        assert await asyncio.wait_for(proc.process.wait(), 20) == 0
+    finally:
+        await ha.cluster.start_gateway(0)
+        await ha.cluster.wait_registered(30)

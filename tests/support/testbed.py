@@ -10,6 +10,11 @@ Prometheus, which finds the targets through the gateway's HTTP service discovery
 their names through dnsmasq. In each edge site's gateway namespace: two agents. On every GPU
 node: the simulated dcgm-exporter on :9400 and Debian's prometheus-node-exporter on :9100.
 Prometheus is reachable from this host at http://10.199.0.2:9090.
+
+With ``replicas=2`` the cloud runs two gateway replicas (10.200.0.11 and .12) behind a Service at
+10.200.0.1 (tests/support/servicelb.py: random per new connection among the ready replicas, as kube-proxy
+does); agents dial every replica by name (``raven-gateway-tunnel``, which the cloud's dnsmasq resolves to both
+addresses, as for a headless Service) and Prometheus scrapes and discovers through the Service address.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ CLOUD_IP = "10.200.0.1"
 OBSERVER_IP = "10.199.0.2"
 PROMETHEUS = f"http://{OBSERVER_IP}:9090"
 GATEWAY_OPS = f"http://{OBSERVER_IP}:10265"
+SERVICE_STATUS = f"http://{OBSERVER_IP}:10270/endpoints"  # replicas mode: the Service's endpoints
+REPLICA_IPS = ["10.200.0.11", "10.200.0.12"]
+TUNNEL_NAME = "raven-gateway-tunnel"
 SCRAPE_INTERVAL = 2.0
 HEARTBEAT_TIMEOUT = 3.0
 
@@ -87,7 +95,12 @@ class Process:
 class Testbed:
     __test__ = False  # not a pytest test class
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, replicas: int = 1, scrape_interval: float = SCRAPE_INTERVAL
+                 ) -> None:
+        if not 1 <= replicas <= len(REPLICA_IPS):
+            raise TestbedError(f"replicas: 1 to {len(REPLICA_IPS)}")
+        self.replicas = replicas
+        self.scrape_interval = scrape_interval
         self.own_workdir = workdir is None  # a folder we made is ours to remove after a clean run
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="raven-testbed-"))
         self.certs = self.workdir / "pki"
@@ -129,15 +142,40 @@ class Testbed:
                 pki.issue(self.certs, self.certs, "agent", agent, pools=[site.pool], days=2)
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
-        self.write_gateway_config()
+        if self.replicas == 1:
+            self.write_gateway_config()
+        else:
+            for replica in range(1, self.replicas + 1):
+                self.write_replica_config(replica)
+            # The tunnel's headless Service: one name, every replica's address (dnsmasq serves it).
+            lines = [f"{ip} {TUNNEL_NAME}\n" for ip in REPLICA_IPS[:self.replicas]]
+            (self.hosts_dir / TUNNEL_NAME).write_text("".join(lines))
         for site in self.sites:
             for i, agent in enumerate(site.agents):
                 self.write_agent_config(site, agent, 10266 + i)
         bearer = {"type": "Bearer", "credentials_file": str(self.token_file)}
 
+        ops = "127.0.0.1" if self.replicas == 1 else CLOUD_IP  # replicas: through the Service
+
         def sd(port: int) -> list[dict[str, Any]]:  # the inventory endpoint needs the token too
-            return [{"url": f"http://127.0.0.1:10265/sd?port={port}", "refresh_interval": "1s",
+            return [{"url": f"http://{ops}:10265/sd?port={port}", "refresh_interval": "1s",
                      "authorization": bearer}]
+
+        if self.replicas > 1:
+            interval = f"{self.scrape_interval:g}s"
+            self._write("prometheus.yml", {
+                "global": {"scrape_interval": interval, "scrape_timeout": interval,
+                           "evaluation_interval": interval},
+                "scrape_configs": [
+                    {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer},
+                    {"job_name": "edge-node", "http_sd_configs": sd(9100),
+                     "proxy_url": f"http://prometheus:{self.token}@{CLOUD_IP}:9400"},
+                    {"job_name": "raven-gateway",
+                     "static_configs": [{"targets": [f"{ip}:10265" for ip in REPLICA_IPS[:self.replicas]]}]},
+                    {"job_name": "prometheus", "static_configs": [{"targets": ["127.0.0.1:9090"]}]},
+                ],
+            })
+            return
 
         self._write("prometheus.yml", {
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "scrape_timeout": "1500ms",
@@ -176,11 +214,37 @@ class Testbed:
             "drain_grace": 5,
         })
 
+    def write_replica_config(self, replica: int) -> Path:
+        """Replica ``replica`` (1, 2) of the gateway behind the Service: its own address, ports as in a pod."""
+        ip = REPLICA_IPS[replica - 1]
+        tree: dict[str, Any] = {
+            "replica_id": f"cloud-{replica}",
+            "replicas": self.replicas,
+            "tunnel": {"listen": f"{ip}:10262"},
+            "front": {"listen": f"{ip}:9400", "also_listen": [f"{ip}:9100"],
+                      "allowed_ports": [9400, 9100], "request_timeout": 10,
+                      "auth": {"token_files": [str(self.token_file)]}},
+            "metrics_listen": f"{ip}:10265",
+            "tls": self.tls("raven-gateway"),
+            "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
+            "hosts": {"service_addresses": [CLOUD_IP], "debounce": 0.2},
+            # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
+            "ready_max_wait": 5,
+            # Longer than the Service's probe period (0.5 s): the Service has taken the replica out by then.
+            "drain_linger": 1.5,
+            "drain_grace": 5,
+        }
+        if replica == 1:  # one writer of the hosts file that dnsmasq serves (in Kubernetes, the Lease holder)
+            tree["hosts"]["file"] = str(self.hosts_dir / "tunnel-nodes")
+        return self._write(f"gateway-{replica}.yaml", tree)
+
     def write_agent_config(self, site: Site, agent: str, metrics_port: int) -> Path:
+        gateway: dict[str, Any] = {"url": f"wss://{CLOUD_IP}:10262/tunnel", "server_name": "raven-gateway"}
+        if self.replicas > 1:  # every replica, through the name of the tunnel's headless Service
+            gateway.update(url=f"wss://{TUNNEL_NAME}:10262/tunnel", resolver=f"{CLOUD_IP}:53")
         return self._write(f"{agent}.yaml", {
             "pool": site.pool,
-            "gateway": {"url": f"wss://{CLOUD_IP}:10262/tunnel", "server_name": "raven-gateway",
-                        "backoff_initial": 0.2, "backoff_max": 1.0},
+            "gateway": {**gateway, "backoff_initial": 0.2, "backoff_max": 1.0},
             "nodes": [{"name": n, "address": a} for n, a in sorted(site.nodes.items())],
             "allowed_ports": [9400, 9100],
             "metrics_listen": f"127.0.0.1:{metrics_port}",
@@ -196,7 +260,7 @@ class Testbed:
         with log.open("ab") as out:
             p.proc = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", namespace, *argv,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT,
             )
         self.processes[name] = p
         return p
@@ -215,8 +279,18 @@ class Testbed:
     def raven(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "raven.cli", *args]
 
-    async def start_gateway(self) -> None:
-        await self.spawn("gateway", "rv-cloud", self.raven("gateway", "--config", str(self.workdir / "gateway.yaml")))
+    async def start_gateway(self, replica: int = 0) -> None:
+        """The gateway (``replica`` 0), or replica 1 or 2 of those behind the Service."""
+        name = "gateway" if replica == 0 else f"gateway-{replica}"
+        await self.spawn(name, "rv-cloud", self.raven("gateway", "--config", str(self.workdir / f"{name}.yaml")))
+
+    async def start_service(self) -> None:
+        """The Service in front of the replicas: its ports at 10.200.0.1, the ops port also for this host."""
+        backends = [a for ip in REPLICA_IPS[:self.replicas] for a in ("--backend", ip)]
+        lb = [sys.executable, "-m", "tests.support.servicelb", *backends, "--probe-port", "10265"]
+        await self.spawn("service", "rv-cloud", [*lb, "--address", CLOUD_IP, "--port", "9400", "--port", "9100",
+                                                 "--port", "10265", "--status", f"{OBSERVER_IP}:10270"])
+        await self.spawn("service-observer", "rv-cloud", [*lb, "--address", OBSERVER_IP, "--port", "10265"])
 
     async def start_agent(self, site: Site, agent: str) -> None:
         await self.spawn(agent, site.namespace, self.raven("agent", "--config", str(self.workdir / f"{agent}.yaml")))
@@ -238,12 +312,19 @@ class Testbed:
         prometheus = shutil.which("prometheus")
         if dnsmasq is None or prometheus is None:
             raise TestbedError("dnsmasq (dnsmasq-base) and prometheus (Debian packages) are required")
+        # With replicas, the edge sites ask it for the tunnel's headless name too.
+        listen = "127.0.0.1" if self.replicas == 1 else f"127.0.0.1,{CLOUD_IP}"
         await self.spawn("dnsmasq", "rv-cloud", [
-            dnsmasq, "--keep-in-foreground", "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv",
+            dnsmasq, "--keep-in-foreground", f"--listen-address={listen}", "--bind-interfaces", "--no-resolv",
             "--no-hosts", f"--hostsdir={self.hosts_dir}", "--user=root", "--group=root", "--pid-file=",
             "--cache-size=0", "--log-facility=-",
         ])
-        await self.start_gateway()
+        if self.replicas == 1:
+            await self.start_gateway()
+        else:
+            for replica in range(1, self.replicas + 1):
+                await self.start_gateway(replica)
+            await self.start_service()
         for site in self.sites:
             for agent in site.agents:
                 await self.start_agent(site, agent)
@@ -278,6 +359,25 @@ class Testbed:
             out[key] = float(r["value"][1])
         return out
 
+    async def endpoints(self) -> dict[str, bool]:
+        """Replicas mode: which replicas the Service sends new connections to (its ready endpoints)."""
+        data = await self.get_json(SERVICE_STATUS)
+        return {ip: bool(ok) for ip, ok in data["ready"].items()}
+
+    async def agent_ready(self, site: Site, agent: str) -> bool:
+        """The agent's /readyz (it listens on loopback inside its site's namespace)."""
+        port = 10266 + site.agents.index(agent)
+        probe = ("import sys, urllib.request\n"
+                 "try:\n"
+                 f"    sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}/readyz', timeout=2).status == 200"
+                 " else 1)\n"
+                 "except Exception:\n"
+                 "    sys.exit(1)\n")
+        proc = await asyncio.create_subprocess_exec("ip", "netns", "exec", site.namespace, sys.executable, "-c", probe,
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        return await proc.wait() == 0
+
     def edge_targets(self) -> list[str]:
         return sorted(f"{n}:{port}" for s in self.sites for n in s.nodes for port in (9400, 9100))
 
@@ -303,7 +403,7 @@ class Testbed:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    bed = Testbed(Path(args.workdir) if args.workdir else None)
+    bed = Testbed(Path(args.workdir) if args.workdir else None, replicas=args.replicas)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -339,6 +439,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "check"],
                         help="run: stay up until Ctrl-C; check: come up, wait for every target, tear down")
+    parser.add_argument("--replicas", type=int, default=1, choices=[1, 2],
+                        help="2: two gateway replicas behind a Service (tests/support/servicelb.py)")
     parser.add_argument("--workdir", help="folder for certificates, configs and logs (default: a new temp folder)")
     args = parser.parse_args()
     if os.geteuid() != 0:
