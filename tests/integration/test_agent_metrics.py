@@ -21,8 +21,7 @@ from agent.checks import Policy
 from agent.forwarder import Forwarder
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
-from raven.transport.session import Session
-from raven.transport.stream import StreamReset
+from raven.transport.session import Session, StreamReset
 from tests.support.memsession import pair
 
 pytestmark = [pytest.mark.integration]
