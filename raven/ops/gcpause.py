@@ -23,6 +23,7 @@ import asyncio
 import bisect
 import gc
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -107,18 +108,25 @@ PAUSES = GcPauses()
 _SETTLER = _Settler()
 
 
+def tuning_enabled() -> bool:
+    """``RAVEN_GC_TUNING=off`` keeps CPython's defaults (pauses are still timed): to compare, or to rule it out."""
+    return os.environ.get("RAVEN_GC_TUNING", "on").lower() not in ("off", "0", "false", "no")
+
+
 def install() -> None:
     """Time every collection and raise the young threshold; idempotent (several services, one process)."""
     if PAUSES.callback not in gc.callbacks:
         gc.callbacks.append(PAUSES.callback)
-        gc.set_threshold(*GC_THRESHOLDS)
+        if tuning_enabled():
+            gc.set_threshold(*GC_THRESHOLDS)
 
 
 def settle_soon() -> None:
     """The long-lived state changed: settle (collect, then freeze) once it has been quiet for a while.
 
-    Call it from the event loop; without a running loop it does nothing."""
-    _SETTLER.soon()
+    Call it from the event loop; without a running loop (or with ``RAVEN_GC_TUNING=off``) it does nothing."""
+    if tuning_enabled():
+        _SETTLER.soon()
 
 
 def stop_settling() -> None:
