@@ -30,7 +30,8 @@ caller's: wrap a request in ``asyncio.timeout``.
 
 Why this module is long and not split: one connection's protocol, the response it parses and the pool that
 decides whether it may be reused are one contract (reuse is safe only if the parser saw a complete response and
-the protocol nothing after it); they stay together.
+the protocol nothing after it); they stay together. So does the pool's cap: a slot is freed exactly when the
+protocol reports its connection closed, and an idle connection is only ever closed by the pool that holds it.
 """
 
 from __future__ import annotations
