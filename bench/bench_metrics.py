@@ -123,6 +123,24 @@ def gc_max(text: str) -> dict[str, float]:
             if s.name == "raven_gc_pause_max_seconds"}
 
 
+def gc_buckets(text: str) -> dict[tuple[str, float], float]:
+    """(generation, le) -> cumulative count of ``raven_gc_pause_seconds``."""
+    return {(s.labels["generation"], float(s.labels["le"])): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "raven_gc_pause_seconds_bucket"}
+
+
+def gc_window(before: dict[tuple[str, float], float], after: dict[tuple[str, float], float]) -> str:
+    """Collections during the measured phases, per generation, and the bucket of the longest one."""
+    out = []
+    for gen in ("0", "1", "2"):
+        les = sorted(le for g, le in after if g == gen)
+        delta = {le: after[(gen, le)] - before.get((gen, le), 0.0) for le in les}
+        total = delta[les[-1]] if les else 0
+        longest = next((le for le in les if delta[le] == total), float("nan")) if total else 0.0
+        out.append(f"gen {gen}: {total:.0f} collections, longest <= {longest * 1000:g} ms")
+    return "; ".join(out)
+
+
 def descriptors(proc: Proc) -> int:
     return len(os.listdir(f"/proc/{proc.process.pid}/fd"))
 
@@ -155,6 +173,7 @@ async def main(args: argparse.Namespace) -> int:
             print(f"{args.nodes} nodes, {args.size} B pages, {args.rate:g} scrapes/s, {args.connections} keep-alive "
                   f"connections, phases of {args.duration:g}s; warm-up: {len(warm.latencies)} ok, failures "
                   f"{warm.failures or 'none'}; GC tuning {'off' if args.no_gc_tuning else 'on'}", flush=True)
+            gc_before = {name: gc_buckets(await fetch(http, url, Page())) for name, url in urls.items()}
             for _ in range(args.rounds):
                 for kind in ("quiet", "read"):
                     phase = Phase(kind)
@@ -169,7 +188,9 @@ async def main(args: argparse.Namespace) -> int:
                     print(f"  {kind:<5} p50 {pct(phase.latencies, 0.5) * 1000:6.2f} ms  p99 "
                           f"{pct(phase.latencies, 0.99) * 1000:6.2f} ms  max {max(phase.latencies) * 1000:7.1f} ms  "
                           f"({len(phase.latencies)} ok, failures {phase.failures or 'none'})", flush=True)
-            gc_pauses = {name: gc_max(await fetch(http, url, Page())) for name, url in urls.items()}
+            ends = {name: await fetch(http, url, Page()) for name, url in urls.items()}
+            gc_pauses = {name: gc_max(text) for name, text in ends.items()}
+            gc_during = {name: gc_window(gc_before[name], gc_buckets(text)) for name, text in ends.items()}
         fds = descriptors(agent)
         finished = True
     finally:
@@ -198,7 +219,8 @@ async def main(args: argparse.Namespace) -> int:
     print(f"agent open descriptors at the end: {fds}")
     for name, by_gen in gc_pauses.items():
         shown = ", ".join(f"gen {g}: {v * 1000:.1f} ms" for g, v in sorted(by_gen.items()))
-        print(f"longest GC pause, {name}: {shown}")
+        print(f"longest GC pause since start (start-up included), {name}: {shown}")
+        print(f"GC during the measured phases, {name}: {gc_during[name]}")
     return 0
 
 
