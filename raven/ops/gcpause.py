@@ -10,8 +10,9 @@ that was tens of milliseconds every couple of minutes, in every process at once.
 * :func:`settle_soon` is called when the long-lived state changed (start-up, a registration, an inventory
   change, a session up or down). Once that has been quiet for ``SETTLE_QUIET`` seconds (and at most once per
   ``SETTLE_MIN_INTERVAL``), one full collection runs and everything that survives is frozen (``gc.freeze()``):
-  automatic collections no longer walk it. The frozen set is thawed and collected again at the next settle, and
-  at least every ``SETTLE_MAX_INTERVAL``, so that cyclic garbage among once-frozen objects is reclaimed.
+  automatic collections no longer walk it, and a settle's own collection walks only what was not frozen yet. At
+  least every ``SETTLE_MAX_INTERVAL`` the frozen set is thawed and walked too, so that cyclic garbage among
+  once-frozen objects is reclaimed.
 * :class:`GcCollector` exports ``raven_gc_pause_seconds{generation}`` (a histogram) and
   ``raven_gc_pause_max_seconds{generation}`` (the longest pause since the process started) into a service's
   registry; the settles' own collections count too.
@@ -69,6 +70,7 @@ class _Settler:
     def __init__(self) -> None:
         self.handle: asyncio.TimerHandle | None = None
         self.last = time.monotonic()
+        self.thawed = self.last - SETTLE_MAX_INTERVAL  # the first settle walks everything
         self.settles = 0
 
     def soon(self) -> None:
@@ -82,10 +84,13 @@ class _Settler:
         self.handle = loop.call_later(delay, self.settle)
 
     def settle(self) -> None:
-        """One full collection of everything (the frozen objects too), then freeze the survivors."""
+        """Collect what is not frozen yet (a full collection walks only that), then freeze the survivors; every
+        ``SETTLE_MAX_INTERVAL`` the frozen objects are thawed and walked too."""
         self.handle = None
         started = time.perf_counter()
-        gc.unfreeze()
+        if time.monotonic() - self.thawed >= SETTLE_MAX_INTERVAL:
+            gc.unfreeze()
+            self.thawed = time.monotonic()
         gc.collect()
         gc.freeze()
         self.last = time.monotonic()
