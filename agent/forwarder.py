@@ -19,7 +19,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agent.checks import Policy, Refused, Request, check_open
 from agent.fairslots import FairSlots, QueueFull
-from agent.upstream import ConnectFailed, Response, ResponseBroken, UpstreamError, UpstreamPool
+from agent.upstream import (
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    ConnectFailed,
+    PoolFull,
+    Response,
+    ResponseBroken,
+    UpstreamError,
+    UpstreamPool,
+)
 from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
@@ -51,6 +60,8 @@ class Forwarder:
         draining: Callable[[], bool],
         pool: str = "",
         client_share: float = 0.5,
+        idle_timeout: float = IDLE_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.pool = pool
         self.nodes = nodes
@@ -62,15 +73,21 @@ class Forwarder:
         self.idle = asyncio.Event()
         self.idle.set()
         # Keep-alive connections to the nodes: idle ones per node are bounded by its slots, which bound the busy
-        # ones (agent/upstream.py).
-        self._upstream = UpstreamPool(connect_timeout, max_idle=connections_per_node)
+        # ones; all of them together by max_connections, and idle ones close after idle_timeout (agent/upstream.py).
+        self._upstream = UpstreamPool(connect_timeout, max_idle=connections_per_node, idle_timeout=idle_timeout,
+                                      max_connections=max_connections, on_wait=metrics.upstream_waits.inc)
+        up = self._upstream
+        metrics.upstream_open.set_function(lambda: up.open_connections)
+        metrics.upstream_idle.set_function(lambda: up.idle_total)
+        metrics.upstream_limit.set_function(lambda: up.max_connections)
         self._connections_per_node = connections_per_node
         self._per_client = max(1, int(client_share * connections_per_node))
         self._slots: dict[str, FairSlots] = {}  # node -> its upstream slots (dropped when idle)
         self._log = RateLimitedLog(log)
 
     def configure(self, policy: Policy, connect_timeout: float, connections_per_node: int,
-                  client_share: float) -> None:
+                  client_share: float, idle_timeout: float = IDLE_TIMEOUT, max_connections: int = MAX_CONNECTIONS
+                  ) -> None:
         """New settings (a configuration reload): streams opened from now on get them; slots resize in place."""
         self.policy = policy
         self.connect_timeout = connect_timeout
@@ -78,6 +95,8 @@ class Forwarder:
         self._per_client = max(1, int(client_share * connections_per_node))
         self._upstream.connect_timeout = connect_timeout
         self._upstream.max_idle = connections_per_node
+        self._upstream.idle_timeout = idle_timeout
+        self._upstream.max_connections = max_connections
         for slots in self._slots.values():
             slots.resize(connections_per_node, self._per_client)
 
@@ -214,6 +233,12 @@ class Forwarder:
                     stream.reset(wire.ResetCode.CONNECT_FAILED,
                                  f"cannot connect to node {frame.node} port {frame.port}: {why}")
                     return
+                except PoolFull as exc:
+                    code = "upstream-cap"
+                    self._log.warning("upstream-cap", "upstream-cap", "request to node %s waits for no connection: %s",
+                                      frame.node, exc)
+                    stream.reset(wire.ResetCode.LIMIT, f"agent cannot reach node {frame.node} now: {exc}")
+                    return
                 except (UpstreamError, ConnectionError) as exc:
                     code = "connect-failed"
                     self._log.warning(frame.node, "request", "request to node %s at %s:%d failed: %s", frame.node,
@@ -267,12 +292,21 @@ class Forwarder:
             if resp is not None:
                 # Back to the pool only when complete with keep-alive semantics; otherwise closed.
                 resp.release()
-            self.metrics.requests.labels(frame.node, "http", code).inc()
-            self.metrics.latency.labels(frame.node).observe(time.monotonic() - start)
+            self.metrics.requests.labels("http", code).inc()
+            self.metrics.latency.observe(time.monotonic() - start)
 
     # ------------------------------------------------------------ TCP
 
     async def _serve_tcp(self, stream: Stream, req: Request) -> None:
+        """Relay raw TCP; the connection holds one of the agent's upstream slots (the cap counts it)."""
+        try:
+            async with self._upstream.slot():
+                await self._relay_tcp(stream, req)
+        except PoolFull as exc:
+            self.metrics.requests.labels("tcp", "upstream-cap").inc()
+            stream.reset(wire.ResetCode.LIMIT, f"agent cannot reach node {stream.open.node} now: {exc}")
+
+    async def _relay_tcp(self, stream: Stream, req: Request) -> None:
         frame = stream.open
         address = req.address
         code = "error"
@@ -298,7 +332,7 @@ class Forwarder:
             self._cancelled(stream)
             raise
         finally:
-            self.metrics.requests.labels(frame.node, "tcp", code).inc()
+            self.metrics.requests.labels("tcp", code).inc()
             if writer is not None:
                 writer.close()
                 try:

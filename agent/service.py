@@ -28,8 +28,10 @@ from raven.config import AgentConfig
 from raven.config.reload import Reloader, take_over
 from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
+from raven.ops import gcpause
+from raven.ops.fdlimit import AGENT_FD_OVERHEAD, check_descriptors
 from raven.ops.metrics import AgentMetrics, set_cert_expiry
-from raven.ops.server import start_ops_server
+from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import handshake, wire
 from raven.protocol.handshake import HandshakeRefused
 from raven.transport.session import Session
@@ -108,6 +110,8 @@ class Agent:
             draining=lambda: self.draining,
             pool=self.pool,
             client_share=cfg.upstream_client_share,
+            idle_timeout=cfg.upstream_idle_timeout,
+            max_connections=self._upstream_cap(cfg),
         )
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
@@ -126,11 +130,30 @@ class Agent:
             Policy(frozenset(cfg.allowed_ports), frozenset(cfg.allowed_methods), cfg.allow_connect,
                    cfg.request_timeout),
             cfg.connect_timeout, cfg.upstream_connections_per_node, cfg.upstream_client_share,
+            cfg.upstream_idle_timeout, self._upstream_cap(cfg),
         )
         self._static_nodes = {n.name: n.address for n in cfg.nodes}
         self._set_nodes()
         logging.getLogger().setLevel(cfg.log_level.upper())
         log.info("configuration reload: took over %s", ", ".join(changed))
+
+    def _upstream_cap(self, cfg: AgentConfig) -> int:
+        """The cap on connections to nodes that the open-files limit allows (it says at start when that is less)."""
+        check = check_descriptors("agent", {
+            "upstream_max_connections": cfg.upstream_max_connections,
+            "the ops listener": OPS_LIMITS.max_connections,
+            "tunnel sessions, Kubernetes, files": AGENT_FD_OVERHEAD,
+        })
+        cap = min(cfg.upstream_max_connections, check.available(reserve=OPS_LIMITS.max_connections + AGENT_FD_OVERHEAD))
+        if cap < cfg.upstream_max_connections:
+            log.warning("until then, this agent holds at most %d connections to nodes (upstream_max_connections %d)",
+                        cap, cfg.upstream_max_connections)
+        nodes = len(cfg.nodes)
+        if nodes and 2 * nodes > cap:
+            log.info("%d static node(s) and a cap of %d connections to nodes: idle keep-alive connections will be "
+                     "recycled (a Prometheus HA pair keeps about 2 per node; raise upstream_max_connections to keep "
+                     "them)", nodes, cap)
+        return cap
 
     def ready(self) -> tuple[bool, str]:
         """Ready while it holds a session to every gateway replica it dials, not merely to one.
@@ -161,6 +184,7 @@ class Agent:
             return
         log.info("pool %s now has %d node(s) (%d from Node objects)", self.pool, len(merged), len(self._kube_nodes))
         self._nodes = merged
+        gcpause.settle_soon()
         if self.cfg.kubernetes.enabled and not self._kube_synced.is_set():
             return  # the first REGISTER waits for the Node list (a partial list would withdraw nodes)
         register = wire.Register(self.node_infos())
@@ -279,6 +303,7 @@ class Agent:
         if self.layer3 is not None:
             self.layer3.attach(session)
         self.metrics.sessions.set(len(self.sessions))
+        gcpause.settle_soon()
         log.info(
             "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
             welcome.replica, welcome.replicas, hello.session[:8], len(self._nodes), self.pool,
@@ -292,6 +317,7 @@ class Agent:
             if self.replica_sessions.get(welcome.replica) is session:
                 del self.replica_sessions[welcome.replica]
             self.metrics.sessions.set(len(self.sessions))
+            gcpause.settle_soon()
             # Ending because this agent or that gateway is draining is the normal way: INFO, not WARNING.
             expected = self.draining or session.peer_draining
             log.log(logging.INFO if expected else logging.WARNING, "session to gateway %s ended: %s",
@@ -429,6 +455,8 @@ class Agent:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        gcpause.install()
+        gcpause.settle_soon()
         if self.layer3 is not None:
             await self.layer3.start()
         try:
@@ -471,6 +499,7 @@ class Agent:
             await ops.cleanup()
             if self.layer3 is not None:
                 await self.layer3.close()
+            gcpause.stop_settling()
         log.info("agent %s stopped", self.name)
         return 0
 

@@ -18,25 +18,29 @@ What it guarantees:
   response byte on reuse is retried once on a fresh connection, for idempotent requests without a body.
 * Everything is bounded: status line and header fields (8190 bytes, as aiohttp), 128 headers, 256 KiB of head
   in all, a few interim responses, the idle pool per (address, port) (the caller's per-node limit) and idle time
-  (30 s), and the body buffered ahead of the reader (reading pauses).
+  (90 s by default), the connections in all (4,096 by default: at the cap the least recently used idle connection
+  closes, and when all are busy a request waits up to the connect timeout, then fails with :class:`PoolFull`), and
+  the body buffered ahead of the reader (reading pauses).
 * Every transport is closed on every path: :meth:`Response.release` pools or aborts, cancelling a request
   aborts its connection, :meth:`UpstreamPool.close` aborts everything still open.
 
-Errors: :class:`ConnectFailed` (no connection), :class:`RequestFailed` (connected, but no usable response
-head), :class:`ResponseBroken` (the body broke after the head). Deadlines are the caller's: wrap a request in
-``asyncio.timeout``.
+Errors: :class:`ConnectFailed` (no connection), :class:`PoolFull` (the cap), :class:`RequestFailed` (connected,
+but no usable response head), :class:`ResponseBroken` (the body broke after the head). Deadlines are the
+caller's: wrap a request in ``asyncio.timeout``.
 
 Why this module is long and not split: one connection's protocol, the response it parses and the pool that
 decides whether it may be reused are one contract (reuse is safe only if the parser saw a complete response and
-the protocol nothing after it); they stay together.
+the protocol nothing after it); they stay together. So does the pool's cap: a slot is freed exactly when the
+protocol reports its connection closed, and an idle connection is only ever closed by the pool that holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import httptools
@@ -48,7 +52,8 @@ MAX_FIELD = 8190  # one header, name and value (aiohttp's max_field_size)
 MAX_HEADERS = 128  # aiohttp's max_headers
 MAX_HEAD = 256 * 1024  # bytes before the final head is complete, interim responses included
 MAX_INTERIM = 8  # 1xx responses before the final one
-IDLE_TIMEOUT = 30.0  # seconds a pooled connection waits for its next request
+IDLE_TIMEOUT = 90.0  # seconds a pooled connection waits for its next request (the agent's upstream_idle_timeout)
+MAX_CONNECTIONS = 4096  # connections to nodes at once, all nodes together (the agent's upstream_max_connections)
 READ_HIGH = 256 * 1024  # body bytes buffered ahead of the reader: pause reading above, resume below LOW
 READ_LOW = 64 * 1024
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -70,6 +75,10 @@ class ConnectFailed(UpstreamError):
 
 class RequestFailed(UpstreamError):
     """Connected, but the node gave no usable response head (closed, reset, malformed, over a limit)."""
+
+
+class PoolFull(UpstreamError):
+    """Every one of the agent's connections to nodes (``upstream_max_connections``) is busy."""
 
 
 class ResponseBroken(UpstreamError):
@@ -299,6 +308,8 @@ def _parse_error(exc: httptools.HttpParserError, state: int) -> UpstreamError:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to one node; carries one :class:`Response` at a time."""
 
+    __slots__ = ("_drain", "_write_paused", "closed", "got_bytes", "key", "pool", "response", "transport", "used")
+
     def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
@@ -307,7 +318,6 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.used = 0  # requests sent on this connection
         self.got_bytes = False  # the current request's answer has begun
-        self.idle_timer: asyncio.TimerHandle | None = None
         self._drain: asyncio.Future[None] | None = None
         self._write_paused = False
 
@@ -362,9 +372,6 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def abort(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
         if self.transport is not None and not self.closed:
             self.transport.abort()
         self.closed = True
@@ -394,18 +401,41 @@ class _Connection(asyncio.Protocol):
 
 
 class UpstreamPool:
-    """Keep-alive connections to nodes, by (address, port); at most ``max_idle`` idle ones per (address, port)."""
+    """Keep-alive connections to nodes, by (address, port).
 
-    def __init__(self, connect_timeout: float, max_idle: int, idle_timeout: float = IDLE_TIMEOUT) -> None:
+    Bounds: at most ``max_idle`` idle connections per (address, port); an idle connection closes after
+    ``idle_timeout`` seconds; at most ``max_connections`` connections in all (open, being opened, or reserved by
+    :meth:`slot` for a raw TCP relay). At the cap, a new connection first closes the least recently used idle
+    one; when every connection is busy it waits (first come, first served) up to ``connect_timeout`` and then
+    fails with :class:`PoolFull`, which says why.
+    """
+
+    def __init__(self, connect_timeout: float, max_idle: int, idle_timeout: float = IDLE_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS, on_wait: Callable[[], None] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
+        self.on_wait = on_wait  # called when a request has to wait for a connection (everything busy at the cap)
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._lru: dict[_Connection, float] = {}  # idle connections, oldest first -> when they became idle
         self._open: set[_Connection] = set()
+        self._reserved = 0  # slots held by connects in progress and by raw relays
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._sweep: asyncio.TimerHandle | None = None
 
     @property
     def open_connections(self) -> int:
         return len(self._open)
+
+    @property
+    def idle_total(self) -> int:
+        return len(self._lru)
+
+    @property
+    def in_use(self) -> int:
+        """Slots taken: open connections plus connects in progress and raw relays."""
+        return len(self._open) + self._reserved
 
     def idle_connections(self, address: str, port: int) -> int:
         return len(self._idle.get((address, port), ()))
@@ -420,7 +450,7 @@ class UpstreamPool:
         body: AsyncIterator[bytes] | None = None,
     ) -> Response:
         """Send a request and wait for its final response head (1xx skipped); then read the body from it and
-        :meth:`Response.release` it. Raises :class:`ConnectFailed` or :class:`RequestFailed`."""
+        :meth:`Response.release` it. Raises :class:`ConnectFailed`, :class:`PoolFull` or :class:`RequestFailed`."""
         head = _request_head(method, target, headers, address, port, chunked=body is not None)
         key = (address, port)
         conn = self._take_idle(key)
@@ -443,33 +473,94 @@ class UpstreamPool:
             conn = idle.pop()
             if not idle:
                 del self._idle[key]
-            if conn.idle_timer is not None:
-                conn.idle_timer.cancel()
-                conn.idle_timer = None
+            self._lru.pop(conn, None)
             if conn.usable:
                 return conn
             conn.abort()
         return None
 
-    async def _connect(self, key: tuple[str, int]) -> _Connection:
-        address, port = key
-        loop = asyncio.get_running_loop()
-        conn = _Connection(self, key)
+    # ------------------------------------------------------------ the cap
+
+    async def _reserve(self) -> None:
+        """Take one slot under ``max_connections``: a free one, else the oldest idle connection's, else wait."""
+        if self.in_use >= self.max_connections and self._lru and not self._waiters:
+            next(iter(self._lru)).abort()  # the least recently used idle connection makes room
+        if self.in_use < self.max_connections and not self._waiters:
+            self._reserved += 1
+            return
+        if len(self._waiters) >= self.max_connections:
+            raise PoolFull(f"all {self.max_connections} connections to nodes (upstream_max_connections) are busy "
+                           f"and {len(self._waiters)} requests already wait for one")
+        if self.on_wait is not None:
+            self.on_wait()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                transport, _ = await loop.create_connection(lambda: conn, address, port)
-        except TimeoutError:
-            conn.abort()
-            raise ConnectFailed(f"connecting timed out after {self.connect_timeout:.1f}s", None) from None
-        except OSError as exc:
-            raise ConnectFailed(str(exc), exc) from exc
-        except BaseException:
-            conn.abort()
+                await waiter  # _hand_over reserved the slot for us
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed over, but we leave: pass it on
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise PoolFull(f"waited {self.connect_timeout:.1f}s for one of the agent's "
+                               f"{self.max_connections} connections to nodes (upstream_max_connections): all "
+                               "busy") from None
             raise
-        # uvloop may call connection_made only after create_connection has returned.
-        conn.transport = transport
-        self._open.add(conn)
-        return conn
+
+    def _release(self) -> None:
+        self._reserved -= 1
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """A slot may be free: give it to the longest waiter (reserved on its behalf)."""
+        while self._waiters and self.in_use < self.max_connections:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one connection slot while relaying raw TCP to a node (its descriptor counts under the cap)."""
+        await self._reserve()
+        try:
+            yield
+        finally:
+            self._release()
+
+    # ------------------------------------------------------------ connections
+
+    async def _connect(self, key: tuple[str, int]) -> _Connection:
+        await self._reserve()
+        try:
+            address, port = key
+            loop = asyncio.get_running_loop()
+            conn = _Connection(self, key)
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    transport, _ = await loop.create_connection(lambda: conn, address, port)
+            except TimeoutError:
+                conn.abort()
+                raise ConnectFailed(f"connecting timed out after {self.connect_timeout:.1f}s", None) from None
+            except OSError as exc:
+                raise ConnectFailed(str(exc), exc) from exc
+            except BaseException:
+                conn.abort()
+                raise
+            # uvloop may call connection_made only after create_connection has returned.
+            conn.transport = transport
+            if conn.closed:  # lost before it was ours: it never counts
+                transport.abort()
+                raise RequestFailed("node closed the connection before the request was sent")
+            self._open.add(conn)
+            return conn
+        finally:
+            self._reserved -= 1  # the slot is now the open connection's (or free again)
+            self._hand_over()
 
     async def _exchange(
         self, conn: _Connection, head: bytes, body: AsyncIterator[bytes] | None, method: str
@@ -502,30 +593,53 @@ class UpstreamPool:
             response._wake()
 
     def put(self, conn: _Connection) -> None:
-        """A connection that finished a response cleanly: keep it for the next request to its address."""
+        """A connection that finished a response cleanly: keep it for the next request to its address, unless
+        a request waits for a slot (then it closes, and the slot is that request's)."""
         idle = self._idle.setdefault(conn.key, [])
-        if not conn.usable or len(idle) >= self.max_idle:
+        if not conn.usable or len(idle) >= self.max_idle or self._waiters:
             if not idle:
                 del self._idle[conn.key]
             conn.abort()
             return
         idle.append(conn)
-        conn.idle_timer = asyncio.get_running_loop().call_later(self.idle_timeout, conn.abort)
+        loop = asyncio.get_running_loop()
+        self._lru[conn] = loop.time()
+        if self._sweep is None:
+            self._sweep = loop.call_at(loop.time() + self.idle_timeout, self._expire)
+
+    def _expire(self) -> None:
+        """Close the connections idle for ``idle_timeout``; one timer for all of them (oldest first)."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() - self.idle_timeout
+        while self._lru:
+            conn, since = next(iter(self._lru.items()))
+            if since > deadline:
+                self._sweep = loop.call_at(since + self.idle_timeout, self._expire)
+                return
+            conn.abort()  # forget() takes it out of _lru
 
     def forget(self, conn: _Connection) -> None:
-        """A connection closed: it leaves the pool."""
-        self._open.discard(conn)
+        """A connection closed: it leaves the pool, and its slot goes to a waiting request if there is one."""
+        self._lru.pop(conn, None)
         idle = self._idle.get(conn.key)
         if idle and conn in idle:
             idle.remove(conn)
             if not idle:
                 del self._idle[conn.key]
+        if conn in self._open:
+            self._open.discard(conn)
+            self._hand_over()
 
     async def close(self) -> None:
         """Close every connection, idle or busy."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conn in list(self._open):
             conn.abort()
         self._idle.clear()
+        self._lru.clear()
         await asyncio.sleep(0)  # let the transports run their connection_lost
 
 

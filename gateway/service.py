@@ -26,6 +26,8 @@ from raven import logsafe, pki
 from raven.config import GatewayConfig, split_host_port
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
+from raven.ops import gcpause
+from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
 from raven.protocol import wire
@@ -94,6 +96,8 @@ class Gateway:
         )
         front = cfg.front
         self.fd_budget = descriptor_budget(front.fd_reserve)
+        check_descriptors("gateway", {"front.max_connections": front.max_connections,
+                                      "front.fd_reserve (tunnel port, ops port, files)": front.fd_reserve})
         self.front_guard = ConnectionGuard(
             "front end", self._front_limits(cfg),
             on_refused=lambda label: self.metrics.front_refused.labels(label).inc(),
@@ -356,6 +360,8 @@ class Gateway:
         return web.json_response(groups)
 
     async def start(self) -> None:
+        gcpause.install()
+        gcpause.settle_soon()
         if self.layer3 is not None:
             await self.layer3.start()  # before the tunnel port takes sessions that announce CIDRs
         # The TLS handshake and the upgrade request each have handshake_timeout (the guard), then HELLO too.
@@ -484,6 +490,7 @@ class Gateway:
         if self.layer3 is not None:
             await self.layer3.close()
         logsafe.remove_secrets(self._log_secrets)
+        gcpause.stop_settling()
 
     async def run(self) -> int:
         try:

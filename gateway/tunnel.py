@@ -17,6 +17,7 @@ from gateway.registry import AgentSession, Registry, refusal_label
 from raven import pki
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
+from raven.ops import gcpause
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
 from raven.transport.session import Session, Stream
@@ -373,6 +374,8 @@ class TunnelEndpoint:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
+        """After a registration or a session's end: the gauges, and the long-lived state will settle (gcpause)."""
+        gcpause.settle_soon()
         counts: dict[str, int] = {}
         for entry in self.registry.nodes.values():
             counts.setdefault(entry.pool, 0)

@@ -296,12 +296,17 @@ def raven_tunnel() -> Json:
             target(f"histogram_quantile(0.99, sum by (pool, le) "
                    f"(rate(raven_gateway_request_duration_seconds_bucket{{{P}}}[{RATE}])))", "{{pool}} p99"),
         ], unit="s", w=8),
-        panel("timeseries", "Requests per node by code (agent)", [target(
-            f"sum by (pool, node, code) (rate(raven_agent_requests_total{{{P}}}[{RATE}]))", "{{node}} {{code}}")],
-            unit="reqps", w=8),
-        panel("timeseries", "Latency per node (agent to node, p99)", [target(
-            f"histogram_quantile(0.99, sum by (pool, node, le) "
-            f"(rate(raven_agent_upstream_duration_seconds_bucket{{{P}}}[{RATE}])))", "{{node}}")], unit="s", w=8),
+        panel("timeseries", "Requests per pool by code (agent)", [target(
+            f"sum by (pool, code) (rate(raven_agent_requests_total{{{P}}}[{RATE}]))", "{{pool}} {{code}}")],
+            unit="reqps", w=8,
+            description="The agents' own count, per pool (agents keep no per-node series; per node, see the "
+                        "scrape duration and failing nodes below, and the last error of each node in raven status)."),
+        panel("timeseries", "Latency per pool (agent to node, p50 / p99)", [
+            target(f"histogram_quantile(0.5, sum by (pool, le) "
+                   f"(rate(raven_agent_upstream_duration_seconds_bucket{{{P}}}[{RATE}])))", "{{pool}} p50"),
+            target(f"histogram_quantile(0.99, sum by (pool, le) "
+                   f"(rate(raven_agent_upstream_duration_seconds_bucket{{{P}}}[{RATE}])))", "{{pool}} p99"),
+        ], unit="s", w=8),
         panel("timeseries", "Scrape duration per node (Prometheus)", [target(
             f'scrape_duration_seconds{{{P}, node!=""}}', "{{node}} {{job}}")], unit="s", w=8),
         table("Nodes failing scrapes", [target(f'up{{{P}, node!=""}} == 0', instant=True)], w=24, h=5,
@@ -328,6 +333,15 @@ def raven_tunnel() -> Json:
         panel("timeseries", "Bytes through the gateway by pool", [target(
             f"sum by (pool, direction) (rate(raven_gateway_bytes_total{{{P}}}[{RATE}]))", "{{pool}} {{direction}}")],
             unit="Bps", w=12),
+        panel("timeseries", "Agent connections to nodes (open, idle, cap)", [
+            target(f"sum by (pool) (raven_agent_upstream_connections{{{P}}})", "open {{pool}}"),
+            target(f"sum by (pool) (raven_agent_upstream_connections_idle{{{P}}})", "idle {{pool}}"),
+            target(f"max by (pool) (raven_agent_upstream_connections_limit{{{P}}})", "cap per agent {{pool}}"),
+        ], w=12, description="Keep-alive connections from the agents to their nodes; at the cap, idle ones are "
+                             "recycled and requests wait (raven_agent_upstream_cap_waits_total)."),
+        panel("timeseries", "Longest garbage-collector pause", [
+            target("max by (job, instance) (raven_gc_pause_max_seconds)", "{{job}} {{instance}}"),
+        ], unit="s", w=12, description="Per process, since it started: a pause stalls every stream of that process."),
         panel("timeseries", "Bytes through the agents by pool", [target(
             f"sum by (pool, direction) (rate(raven_agent_bytes_total{{{P}}}[{RATE}]))", "{{pool}} {{direction}}")],
             unit="Bps", w=12),

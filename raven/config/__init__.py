@@ -438,6 +438,16 @@ class AgentConfig(_Model):
         0.5, gt=0, le=1, allow_inf_nan=False,
         description="share of a node's upstream connections one gateway client may hold (its fairness key)",
     )
+    upstream_idle_timeout: Seconds = Field(
+        90.0, description="a keep-alive connection to a node closes after this long without a request (longer than "
+        "the scrape interval keeps one connection per scraped node; shorter reconnects on every scrape)",
+    )
+    upstream_max_connections: int = Field(
+        4096, ge=1, le=1 << 20,
+        description="connections to nodes at once, all nodes together (HTTP and TCP); at the cap the least recently "
+        "used idle one closes, and when all are busy a request waits up to connect_timeout, then gets 503. Size it "
+        "about 2 per node (a Prometheus HA pair keeps one each); the open-files limit must exceed it",
+    )
     allowed_methods: list[Annotated[str, AfterValidator(_method)]] = Field(
         default_factory=lambda: ["GET", "HEAD"],
         description="HTTP methods this agent passes to nodes, whatever the gateway sends",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from raven.ops.gcpause import GcCollector
+
 CERT_EXPIRY_HELP = "notAfter of this service's certificate (role gateway/agent) and of each trusted CA, Unix seconds"
 
 
@@ -48,6 +50,7 @@ class GatewayMetrics:
             "raven_gateway_handshake_failures", "Tunnel handshakes that failed", ["reason"], registry=r
         )
         self.cert_expiry = cert_expiry_gauge(r)
+        r.register(GcCollector())
         self.front_refused = Counter(
             "raven_gateway_front_refused",
             "Front-end requests and connections refused by a limit or a check, by reason (a fixed word)",
@@ -78,13 +81,31 @@ class AgentMetrics:
         self.sessions = Gauge("raven_agent_sessions", "Sessions up to gateway replicas", registry=r)
         self.connects = Counter("raven_agent_connect_attempts", "Dial attempts by result", ["result"], registry=r)
         self.streams = Gauge("raven_agent_streams_in_flight", "Streams being forwarded", registry=r)
+        # No per-node series: the agent serves one pool, so its own series are per pool already (the scrape job
+        # adds `pool`), and their number does not grow with the nodes. Per node, Prometheus records `up` and
+        # `scrape_duration_seconds` itself, and the gateway's status page keeps each node's last error.
         self.requests = Counter(
-            "raven_agent_requests", "Forwarded requests by node, kind and outcome", ["node", "kind", "code"],
-            registry=r,
+            "raven_agent_requests", "Forwarded requests by kind and outcome", ["kind", "code"], registry=r,
         )
         self.latency = Histogram(
-            "raven_agent_upstream_duration_seconds", "Time to the last byte from the node", ["node"],
+            "raven_agent_upstream_duration_seconds", "Time to the last byte from the node (all of the pool's nodes)",
             buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.upstream_open = Gauge(
+            "raven_agent_upstream_connections", "Connections to nodes open now, busy or idle (upstream_max_connections "
+            "bounds them)", registry=r,
+        )
+        self.upstream_idle = Gauge(
+            "raven_agent_upstream_connections_idle", "Keep-alive connections to nodes waiting for their next request",
+            registry=r,
+        )
+        self.upstream_limit = Gauge(
+            "raven_agent_upstream_connections_limit", "The cap on connections to nodes in effect (the setting, or "
+            "less when the open-files limit is lower)", registry=r,
+        )
+        self.upstream_waits = Counter(
+            "raven_agent_upstream_cap_waits", "Requests that waited for a connection because the cap was reached "
+            "and no idle connection could be closed", registry=r,
         )
         self.bytes = Counter(
             "raven_agent_bytes", "Body bytes forwarded, by direction (to_node, from_node)", ["direction"], registry=r
@@ -108,3 +129,4 @@ class AgentMetrics:
                                     "1 while this agent's node holds the pool's floating LAN address "
                                     "(layer3.lan_address)", registry=r)
         self.cert_expiry = cert_expiry_gauge(r)
+        r.register(GcCollector())

@@ -20,6 +20,7 @@ import uvloop
 from agent.upstream import (
     MAX_HEADERS,
     ConnectFailed,
+    PoolFull,
     RequestFailed,
     Response,
     ResponseBroken,
@@ -499,6 +500,100 @@ async def test_idle_connections_time_out_and_are_bounded(no_leaks: None) -> None
         assert pool.open_connections == 2
         await eventually(lambda: pool.open_connections == 0, timeout=2, interval=0.02, what="idle timeout")
         await eventually(lambda: server.open == 0, timeout=2, interval=0.01, what="the server sees the closes")
+    finally:
+        await pool.close()
+        await server.close()
+
+
+async def test_idle_connections_close_after_the_configured_time_only(no_leaks: None) -> None:
+    short = UpstreamPool(connect_timeout=2.0, max_idle=2, idle_timeout=0.3)
+    long = UpstreamPool(connect_timeout=2.0, max_idle=2, idle_timeout=60.0)
+    server = await serve(answering(OK2))
+    try:
+        assert await get(short, server) == (200, b"ok")
+        assert await get(long, server) == (200, b"ok")
+        assert short.open_connections == long.open_connections == 1
+        await eventually(lambda: short.open_connections == 0, timeout=5, interval=0.02, what="the short idle time")
+        assert long.open_connections == 1 and long.idle_total == 1  # its 60 s are far from over
+        assert await get(long, server) == (200, b"ok")
+        assert server.accepted == 2  # the long pool reused its connection
+    finally:
+        await short.close()
+        await long.close()
+        await server.close()
+
+
+async def test_cap_closes_the_least_recently_used_idle_connection(no_leaks: None) -> None:
+    pool = UpstreamPool(connect_timeout=2.0, max_idle=2, max_connections=2)
+    servers = [await serve(answering(OK2)) for _ in range(3)]
+    a, b, c = servers
+    try:
+        assert await get(pool, a) == (200, b"ok")
+        assert await get(pool, b) == (200, b"ok")
+        assert pool.open_connections == 2
+        assert await get(pool, c) == (200, b"ok")  # at the cap: a's idle connection (the oldest) makes room
+        assert pool.open_connections == 2
+        assert pool.idle_connections(HOST, a.port) == 0
+        assert pool.idle_connections(HOST, b.port) == pool.idle_connections(HOST, c.port) == 1
+        await eventually(lambda: a.open == 0, timeout=2, interval=0.01, what="a's connection closed")
+        assert await get(pool, b) == (200, b"ok")
+        assert b.accepted == 1
+    finally:
+        await pool.close()
+        for server in servers:
+            await server.close()
+
+
+async def test_cap_holds_waits_fail_with_a_reason_and_a_freed_slot_serves_the_next(no_leaks: None) -> None:
+    go = asyncio.Event()
+
+    async def gated(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await server.read_head(reader)
+            await go.wait()
+            writer.write(OK2)
+            await writer.drain()
+
+    waits: list[int] = []
+    pool = UpstreamPool(connect_timeout=0.3, max_idle=4, max_connections=2, on_wait=lambda: waits.append(1))
+    server = await serve(gated)
+    try:
+        busy = [asyncio.ensure_future(get(pool, server)) for _ in range(2)]
+        await eventually(lambda: server.open == 2 and len(server.heads) == 2, timeout=2, interval=0.01,
+                         what="two requests in flight")
+        with pytest.raises(PoolFull) as info:
+            await pool.request(HOST, server.port, "GET", "/", ())
+        assert "upstream_max_connections" in str(info.value) and "busy" in str(info.value)
+        assert server.accepted == 2 and pool.in_use == 2  # the cap held
+        # A request that waits gets the slot of the first one to finish.
+        pool.connect_timeout = 10.0
+        waiting = asyncio.ensure_future(get(pool, server))
+        await eventually(lambda: len(waits) == 2, timeout=2, interval=0.01, what="the second wait")
+        go.set()
+        assert [await task for task in busy] == [(200, b"ok")] * 2
+        assert await waiting == (200, b"ok")
+        # While a request waited, a finished connection closed rather than idled: its slot went to the waiting
+        # request (whatever its node), which connected anew; never more than 2 at once.
+        assert server.accepted == 3 and pool.in_use <= 2
+        await eventually(lambda: server.open <= 2, timeout=2, interval=0.01, what="the closed one gone")
+        assert await get(pool, server) == (200, b"ok")  # a normal request after the burst
+    finally:
+        go.set()
+        await pool.close()
+        await server.close()
+
+
+async def test_raw_relays_count_under_the_cap(no_leaks: None) -> None:
+    pool = UpstreamPool(connect_timeout=0.2, max_idle=2, max_connections=1)
+    server = await serve(answering(OK2))
+    try:
+        async with pool.slot():
+            assert pool.in_use == 1
+            with pytest.raises(PoolFull):
+                await pool.request(HOST, server.port, "GET", "/", ())
+            assert server.accepted == 0
+        assert pool.in_use == 0
+        assert await get(pool, server) == (200, b"ok")
     finally:
         await pool.close()
         await server.close()

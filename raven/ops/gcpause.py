@@ -1,0 +1,173 @@
+"""Garbage-collector pauses: measured, exported, and kept short.
+
+A service holds many long-lived objects (sessions, the registry or the inventory, connections, metrics) and
+CPython's full (generation-2) collection walks every one of them, in one go, on the event loop: with a fleet
+that was tens of milliseconds every couple of minutes, in every process at once. What this module does:
+
+* :func:`install` (once per process, whatever number of services it runs) times every collection with
+  ``gc.callbacks`` and raises the young-generation threshold, so that a busy data path triggers fewer, still
+  small, collections (``GC_THRESHOLDS``).
+* :func:`settle_soon` is called when the long-lived state changed (start-up, a registration, an inventory
+  change, a session up or down). Once that has been quiet for ``SETTLE_QUIET`` seconds (and at most once per
+  ``SETTLE_MIN_INTERVAL``), one full collection runs and everything that survives is frozen (``gc.freeze()``):
+  automatic collections no longer walk it, and a settle's own collection walks only what was not frozen yet. At
+  least every ``SETTLE_MAX_INTERVAL`` the frozen set is thawed and walked too, so that cyclic garbage among
+  once-frozen objects is reclaimed.
+* :class:`GcCollector` exports ``raven_gc_pause_seconds{generation}`` (a histogram) and
+  ``raven_gc_pause_max_seconds{generation}`` (the longest pause since the process started) into a service's
+  registry; the settles' own collections count too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import gc
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("raven.gc")
+
+GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# CPython's default is (700, 10, 10): a young collection every 700 net allocations. 10,000 makes them 14 times
+# rarer under load and each still takes about a millisecond; a full collection is considered every 1,000,000
+# net allocations (and, as always, only when the objects that survived since the last one are a quarter of
+# those it would walk).
+GC_THRESHOLDS = (10_000, 10, 10)
+SETTLE_QUIET = 5.0  # seconds without a change before settling
+SETTLE_MIN_INTERVAL = 60.0  # between two settles (a reconnect storm settles once, after it)
+SETTLE_MAX_INTERVAL = 900.0  # a settle at least this often, to reclaim garbage among frozen objects
+
+
+class GcPauses:
+    """The process's collections, timed: counts per bucket, sum and maximum, per generation."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self.buckets = [[0] * (len(GC_BUCKETS) + 1) for _ in range(3)]  # the last one is +Inf
+        self.sums = [0.0, 0.0, 0.0]
+        self.max = [0.0, 0.0, 0.0]
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        gen = min(2, max(0, int(info.get("generation", 2))))
+        self.buckets[gen][bisect.bisect_left(GC_BUCKETS, pause)] += 1
+        self.sums[gen] += pause
+        if pause > self.max[gen]:
+            self.max[gen] = pause
+
+
+class _Settler:
+    def __init__(self) -> None:
+        self.handle: asyncio.TimerHandle | None = None
+        self.last = time.monotonic()
+        self.thawed = self.last - SETTLE_MAX_INTERVAL  # the first settle walks everything
+        self.settles = 0
+
+    def soon(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self.handle is not None:
+            self.handle.cancel()
+        delay = max(SETTLE_QUIET, self.last + SETTLE_MIN_INTERVAL - time.monotonic())
+        self.handle = loop.call_later(delay, self.settle)
+
+    def settle(self) -> None:
+        """Collect what is not frozen yet (a full collection walks only that), then freeze the survivors; every
+        ``SETTLE_MAX_INTERVAL`` the frozen objects are thawed and walked too."""
+        self.handle = None
+        started = time.perf_counter()
+        if time.monotonic() - self.thawed >= SETTLE_MAX_INTERVAL:
+            gc.unfreeze()
+            self.thawed = time.monotonic()
+        gc.collect()
+        gc.freeze()
+        self.last = time.monotonic()
+        self.settles += 1
+        log.debug("gc settled in %.1f ms: %d objects frozen", (time.perf_counter() - started) * 1000,
+                  gc.get_freeze_count())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.handle = loop.call_later(SETTLE_MAX_INTERVAL, self.settle)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+PAUSES = GcPauses()
+_SETTLER = _Settler()
+
+
+def tuning_enabled() -> bool:
+    """``RAVEN_GC_TUNING=off`` keeps CPython's defaults (pauses are still timed): to compare, or to rule it out."""
+    return os.environ.get("RAVEN_GC_TUNING", "on").lower() not in ("off", "0", "false", "no")
+
+
+def install() -> None:
+    """Time every collection and raise the young threshold; idempotent (several services, one process)."""
+    if PAUSES.callback not in gc.callbacks:
+        gc.callbacks.append(PAUSES.callback)
+        if tuning_enabled():
+            gc.set_threshold(*GC_THRESHOLDS)
+
+
+def settle_soon() -> None:
+    """The long-lived state changed: settle (collect, then freeze) once it has been quiet for a while.
+
+    Call it from the event loop; without a running loop (or with ``RAVEN_GC_TUNING=off``) it does nothing."""
+    if tuning_enabled():
+        _SETTLER.soon()
+
+
+def stop_settling() -> None:
+    """Cancel a pending settle (a service stops; the loop is about to close)."""
+    _SETTLER.stop()
+
+
+def settles() -> int:
+    """How many settles ran in this process (for tests and the log)."""
+    return _SETTLER.settles
+
+
+class GcCollector(Collector):
+    """Exports the process's collection pauses into one service's registry."""
+
+    def __init__(self, pauses: GcPauses = PAUSES) -> None:
+        self.pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.pauses
+        hist = HistogramMetricFamily(
+            "raven_gc_pause_seconds", "Garbage-collector pauses of this process, by generation (2: full)",
+            labels=["generation"],
+        )
+        longest = GaugeMetricFamily(
+            "raven_gc_pause_max_seconds", "The longest garbage-collector pause of this process since it started",
+            labels=["generation"],
+        )
+        for gen in range(3):
+            counts = p.buckets[gen]
+            cumulative = 0
+            buckets: list[tuple[str, float]] = []
+            for le, n in zip((*map(str, GC_BUCKETS), "+Inf"), counts, strict=True):
+                cumulative += n
+                buckets.append((le, cumulative))
+            hist.add_metric([str(gen)], buckets, p.sums[gen])
+            longest.add_metric([str(gen)], p.max[gen])
+        yield hist
+        yield longest

@@ -1,0 +1,89 @@
+"""The start-up open-files check (raven/ops/fdlimit.py) and the collector's pauses (raven/ops/gcpause.py).
+
+Both change process-wide state (the descriptor limit; gc callbacks, thresholds and the frozen set), so each case
+runs in a child process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def run_child(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout + out.stderr
+
+
+def test_a_configuration_that_needs_more_descriptors_than_the_limit_says_so_with_the_numbers() -> None:
+    out = run_child(
+        "import logging, resource\n"
+        "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))\n"
+        "from raven.ops.fdlimit import check_descriptors\n"
+        "c = check_descriptors('agent', {'upstream_max_connections': 4096, 'the ops listener': 512})\n"
+        "print('RESULT', c.enough, c.limit, c.needs, c.available(512 + 256))\n"
+        "c = check_descriptors('agent', {'upstream_max_connections': 100})\n"
+        "print('RESULT', c.enough, c.limit, c.needs)\n"
+    )
+    results = [line.split()[1:] for line in out.splitlines() if line.startswith("RESULT")]
+    assert results == [["False", "300", "4608", "64"], ["True", "300", "100"]], out
+    warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, out
+    assert ("this agent configuration needs 4608 open files (4096 upstream_max_connections + 512 the ops listener), "
+            "and RLIMIT_NOFILE is 300: raise it to at least 4608") in warnings[0]
+    assert "INFO open files: this agent configuration needs 100, RLIMIT_NOFILE is 300" in out
+
+
+def test_the_soft_limit_is_raised_to_the_hard_one_before_the_check() -> None:
+    out = run_child(
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "from raven.ops.fdlimit import check_descriptors\n"
+        "c = check_descriptors('gateway', {'front.max_connections': 100})\n"
+        "print('RESULT', c.limit == hard or hard == resource.RLIM_INFINITY, c.enough)\n"
+    )
+    assert "RESULT True True" in out, out
+
+
+def test_collections_are_timed_exported_and_settling_freezes_the_survivors() -> None:
+    out = run_child(
+        "import asyncio, gc, json\n"
+        "from prometheus_client import generate_latest\n"
+        "from raven.ops import gcpause\n"
+        "from raven.ops.metrics import AgentMetrics, GatewayMetrics\n"
+        "gcpause.install(); gcpause.install()\n"
+        "keep = [[i] for i in range(100_000)]\n"
+        "gc.collect()\n"
+        "gc.collect(0)\n"
+        "async def main():\n"
+        "    gcpause.SETTLE_QUIET = 0.01\n"
+        "    gcpause.SETTLE_MIN_INTERVAL = 0\n"
+        "    gcpause.settle_soon(); gcpause.settle_soon()\n"
+        "    while gcpause.settles() == 0:\n"
+        "        await asyncio.sleep(0.01)\n"
+        "    gcpause.stop_settling()\n"
+        "asyncio.run(main())\n"
+        "print(json.dumps({'callbacks': gc.callbacks.count(gcpause.PAUSES.callback), 'threshold': gc.get_threshold(),\n"
+        "    'frozen': gc.get_freeze_count(), 'settles': gcpause.settles(),\n"
+        "    'agent': generate_latest(AgentMetrics().registry).decode(),\n"
+        "    'gateway': generate_latest(GatewayMetrics().registry).decode()}))\n"
+    )
+    data = json.loads(out.splitlines()[-1])
+    assert data["callbacks"] == 1  # installed once, however often asked
+    assert tuple(data["threshold"]) == (10_000, 10, 10)
+    assert data["settles"] == 1  # two changes in a row settle once
+    assert data["frozen"] >= 100_000  # the long-lived list survived the settle's collection and was frozen
+    for page in (data["agent"], data["gateway"]):
+        samples = {(s.name, s.labels.get("generation"), s.labels.get("le")): s.value
+                   for f in text_string_to_metric_families(page) for s in f.samples}
+        full = samples[("raven_gc_pause_seconds_count", "2", None)]
+        assert full >= 2  # the explicit collection and the settle's
+        assert samples[("raven_gc_pause_seconds_bucket", "2", "+Inf")] == full
+        assert samples[("raven_gc_pause_seconds_count", "0", None)] >= 1
+        assert samples[("raven_gc_pause_max_seconds", "2", None)] > 0
+        assert samples[("raven_gc_pause_seconds_sum", "2", None)] >= samples[("raven_gc_pause_max_seconds", "2", None)]
