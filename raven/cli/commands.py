@@ -377,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status", help="pools, agents, sessions and every node's last scrape, from a gateway",
-        description="Show what one gateway replica sees: its pools with their agents (session age, streams in "
+        description="Show what one gateway replica sees: its release, its pools with their agents (release, protocol, "
+        "session age, streams in "
         "flight, draining), and every node with the result of its last scrape through this replica and why it "
         "failed. The same is on the ops port as a web page: http://GATEWAY:10265/status.html.",
     )
