@@ -76,10 +76,10 @@ def _reports(python: Path, version: str) -> bool:
     return done.returncode == 0 and done.stdout.strip() == version
 
 
-def _export(commit: str, dest: Path) -> None:
+def _export(commit: str, version: str, dest: Path) -> None:
     if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         raise ReleaseBuildError(
-            f"commit {commit} (release {PREVIOUS_RELEASE}) is not in this clone's history: the skew tests need it "
+            f"commit {commit} (release {version}) is not in this clone's history: the skew tests need it "
             "(a shallow clone? run `git fetch --unshallow`)")
     archive = _git("archive", "--format=tar", commit)
     if archive.returncode != 0:
@@ -92,7 +92,7 @@ def _build(commit: str, version: str, home: Path, log: Path) -> None:
     shutil.rmtree(home, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="raven-release-src-") as src_dir:
         src = Path(src_dir)
-        _export(commit, src)
+        _export(commit, version, src)
         venv = home / "venv"
         steps = [
             [sys.executable, "-m", "venv", str(venv)],
