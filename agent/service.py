@@ -23,7 +23,7 @@ from agent.checks import Policy
 from agent.forwarder import Forwarder
 from agent.layer3 import AgentLayer3
 from agent.targets import DialTarget, Resolution, resolve
-from raven import pki
+from raven import pki, version
 from raven.config import AgentConfig
 from raven.config.reload import Reloader, take_over
 from raven.errors import RavenError
@@ -232,7 +232,8 @@ class Agent:
                 autoping=True,
                 autoclose=True,
             )
-        hello = wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window, lim.max_streams_per_session)
+        hello = wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window, lim.max_streams_per_session,
+                           release=version.RELEASE)
         try:
             async with asyncio.timeout(lim.handshake_timeout):
                 await ws.send_bytes(wire.encode(hello))
@@ -305,8 +306,9 @@ class Agent:
         self.metrics.sessions.set(len(self.sessions))
         gcpause.settle_soon()
         log.info(
-            "connected to gateway replica %s (%d replica(s)), session %s, registering %d node(s) of pool %s",
-            welcome.replica, welcome.replicas, hello.session[:8], len(self._nodes), self.pool,
+            "connected to gateway replica %s (%d replica(s), release %s, protocol %d), session %s, registering %d "
+            "node(s) of pool %s", welcome.replica, welcome.replicas, version.peer_release(welcome.release),
+            welcome.version, hello.session[:8], len(self._nodes), self.pool,
         )
         try:
             await session.run(messages(ws))
@@ -478,8 +480,8 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         host = urlsplit(self.cfg.gateway.url).hostname
-        log.info("agent %s (pool %s) starting: gateway %s, %d node(s), ports %s", self.name, self.pool,
-                 host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
+        log.info("agent %s (pool %s, %s) starting: gateway %s, %d node(s), ports %s", self.name, self.pool,
+                 version.describe(), host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
         kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
         try:
             await self.dial_forever()

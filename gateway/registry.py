@@ -32,6 +32,7 @@ class AgentSession:
     session: Session
     peer: str = ""
     cidrs: tuple[str, ...] = ()  # layer 3: what the certificate lets the agent announce (urn:raven:cidr:)
+    release: str = ""  # the agent's release as its HELLO announced it (empty: 0.1.0, which announced none)
     connected_at: float = field(default_factory=time.time)
     draining: bool = False
     nodes: set[str] = field(default_factory=set)

@@ -22,7 +22,7 @@ from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.status import render_html, snapshot
 from gateway.tunnel import TunnelEndpoint
-from raven import logsafe, pki
+from raven import logsafe, pki, version
 from raven.config import GatewayConfig, split_host_port
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
@@ -421,8 +421,10 @@ class Gateway:
         if self.hosts.sinks:
             self.hosts.start()
         log.info(
-            "gateway %s up: tunnel wss://%s%s, front end %s (ports %s), metrics %s",
-            self.cfg.replica_id, self.cfg.tunnel.listen, self.cfg.tunnel.path, self.cfg.front.listen,
+            "gateway %s (%s%s) up: tunnel wss://%s%s, front end %s (ports %s), metrics %s",
+            self.cfg.replica_id, version.describe(),
+            f", agents from release {self.cfg.tunnel.min_agent_version}" if self.cfg.tunnel.min_agent_version else "",
+            self.cfg.tunnel.listen, self.cfg.tunnel.path, self.cfg.front.listen,
             ",".join(map(str, self.cfg.front.allowed_ports)), self.cfg.metrics_listen,
         )
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.registry import Registry
+from raven import version
+from raven.protocol import wire
 
 
 @dataclass(slots=True)
@@ -49,6 +51,9 @@ def snapshot(
                 "streams": sess.session.in_flight,
                 "draining": bool(sess.draining or sess.session.peer_draining),
                 "nodes": len(sess.nodes),
+                # The agent's release (None: it announced none, so it is 0.1.0) and the protocol agreed with it.
+                "version": sess.release or None,
+                "protocol": sess.session.core.version,
             })
     nodes = []
     for e in registry.known_nodes():
@@ -67,6 +72,8 @@ def snapshot(
     return {
         "replica": replica,
         "replicas": replicas,
+        "version": version.RELEASE,
+        "protocols": list(wire.SUPPORTED_VERSIONS),
         "uptime_seconds": round(max(0.0, now - started), 1),
         "ready": ready[0],
         "ready_reason": ready[1],
@@ -91,7 +98,8 @@ def render_html(snap: Mapping[str, Any], refresh: int = 5) -> str:
         agents = p["agents"]
         state = "ok" if agents and p["reachable"] == p["nodes"] else ("bad" if not agents else "warn")
         agent_lines = "".join(
-            f"<div>{_e(a['agent'])} <span class=dim>session {_e(a['session'])}, {_fmt_age(a['age_seconds'])}, "
+            f"<div>{_e(a['agent'])} <span class=dim>{_e(_release(a))}, session {_e(a['session'])}, "
+            f"{_fmt_age(a['age_seconds'])}, "
             f"{a['streams']} stream(s){', draining' if a['draining'] else ''}</span></div>" for a in agents
         ) or "<div class=bad>no agent connected</div>"
         rows_pools.append(f"<tr class={state}><td>{_e(p['pool'])}</td><td>{agent_lines}</td>"
@@ -125,7 +133,8 @@ tr.ok td:first-child {{ border-left: 4px solid #2a2; }} tr.warn td:first-child {
 tr.bad td:first-child {{ border-left: 4px solid #c22; }} div.bad, span.bad {{ color: #c22; }}
 </style></head><body>
 <h1>Raven gateway {_e(snap['replica'])}</h1>
-<div class=dim>replica of {snap['replicas']} &middot; up {_fmt_age(snap['uptime_seconds'])} &middot;
+<div class=dim>{_e(_gateway_release(snap))} &middot;
+replica of {snap['replicas']} &middot; up {_fmt_age(snap['uptime_seconds'])} &middot;
 {_e(ready)}: {_e(snap['ready_reason'])}{' &middot; draining' if snap['draining'] else ''} &middot;
 refreshes every {refresh}s</div>
 <h2>Pools</h2>
@@ -153,6 +162,19 @@ def _layer3_html(l3: Mapping[str, Any] | None) -> str:
             f"<th>routed CIDRs</th><th>standby</th></tr>\n{''.join(rows)}</table>")
 
 
+def _release(agent: Mapping[str, Any]) -> str:
+    """An agent's release and protocol for people: ``0.2.0, protocol 2``."""
+    return f"{version.peer_release(agent.get('version') or '')}, protocol {agent.get('protocol', '?')}"
+
+
+def _gateway_release(snap: Mapping[str, Any]) -> str:
+    """The gateway's release and protocols; a 0.1.0 gateway's snapshot (``raven status`` of a newer release
+    reading an older gateway) has neither."""
+    if "version" not in snap:
+        return f"release {version.peer_release('')}"
+    return f"release {snap['version']}, tunnel protocol {','.join(str(v) for v in snap.get('protocols', ()))}"
+
+
 def _fmt_age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -163,15 +185,19 @@ def _fmt_age(seconds: float) -> str:
 
 def render_text(snap: Mapping[str, Any]) -> str:
     """The same as plain-text tables, for ``raven status``."""
-    out = [f"gateway {snap['replica']} (replica of {snap['replicas']}), up {_fmt_age(snap['uptime_seconds'])}, "
+    out = [f"gateway {snap['replica']} (replica of {snap['replicas']}, {_gateway_release(snap)}), "
+           f"up {_fmt_age(snap['uptime_seconds'])}, "
            f"{'ready' if snap['ready'] else 'NOT READY'}: {snap['ready_reason']}"
            f"{', draining' if snap['draining'] else ''}", ""]
-    rows: list[tuple[str, ...]] = [("POOL", "AGENT", "SESSION", "AGE", "STREAMS", "STATE", "NODES")]
+    rows: list[tuple[str, ...]] = [("POOL", "AGENT", "VERSION", "PROTO", "SESSION", "AGE", "STREAMS", "STATE",
+                                    "NODES")]
     for p in snap["pools"]:
         if not p["agents"]:
-            rows.append((p["pool"], "-", "-", "-", "-", "NO AGENT", f"{p['reachable']}/{p['nodes']}"))
+            rows.append((p["pool"], "-", "-", "-", "-", "-", "-", "NO AGENT", f"{p['reachable']}/{p['nodes']}"))
         for a in p["agents"]:
-            rows.append((p["pool"], a["agent"], a["session"], _fmt_age(a["age_seconds"]), str(a["streams"]),
+            release = a.get("version") or f"<={version.UNANNOUNCED}"
+            rows.append((p["pool"], a["agent"], release, str(a.get("protocol", "?")), a["session"],
+                         _fmt_age(a["age_seconds"]), str(a["streams"]),
                          "draining" if a["draining"] else "up", f"{p['reachable']}/{p['nodes']}"))
     out += [*_table(rows), ""]
     rows = [("NODE", "POOL", "AGENTS", "LAST", "AGO", "ERROR")]

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import ssl
+import sys
 import time
 from collections import OrderedDict
 from typing import NamedTuple
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession, Registry, refusal_label
-from raven import pki
+from raven import pki, version
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
@@ -211,9 +212,21 @@ class TunnelEndpoint:
         try:
             handshake.choose_version(hello.versions)
         except handshake.HandshakeRefused as err:
-            await self._goaway(ws, err.reason, label=err.label, peer=peer)
+            await self._goaway(ws, f"{err.reason} (see docs/skew.md)", label=err.label, peer=expected)
+            return None
+        too_old = self._release_refused(hello)
+        if too_old:
+            await self._goaway(ws, too_old, label="agent-version", peer=expected)
             return None
         return hello
+
+    def _release_refused(self, hello: wire.Hello) -> str:
+        """Why this agent's release is below ``tunnel.min_agent_version`` (empty: it is not)."""
+        floor = self.cfg.tunnel.min_agent_version
+        if floor is None or not version.older_than(hello.release, floor):
+            return ""
+        return (f"agent {hello.agent} runs release {version.peer_release(hello.release)}, older than this "
+                f"gateway's tunnel.min_agent_version {floor}: upgrade the agent (supported releases: docs/skew.md)")
 
     async def _goaway(self, ws: web.WebSocketResponse, reason: str, label: str | None = None, peer: str = "?") -> None:
         # The label must not carry peer-chosen text (one series per value): callers pass a fixed one.
@@ -239,6 +252,7 @@ class TunnelEndpoint:
             heartbeat_timeout=lim.heartbeat_timeout,
             window=lim.window,
             max_streams=lim.max_streams_per_session,
+            release=version.RELEASE,
         )
         await ws.send_bytes(wire.encode(welcome))
         pools = claim.pools
@@ -250,7 +264,8 @@ class TunnelEndpoint:
             limits=self.limits,
             on_stream_closed=self._stream_closed,
         )
-        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs)
+        agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs,
+                                     release=sys.intern(hello.release))
         # Set before the first frame is read (session.run below); a partial costs less than a closure and its cells.
         session.on_control = functools.partial(self._on_control, agent_session)
         if self.layer3 is not None:
@@ -266,8 +281,9 @@ class TunnelEndpoint:
                                "one", hello.agent, hello.session[:8])
                 self._cancel_pending(old)
                 await old.session.close("replaced by a newer connection of the same session")
-            self._log.info(hello.agent, "connected", "agent %s connected from %s (session %s, pools %s)",
-                           hello.agent, peer, hello.session[:8], ",".join(sorted(pools)))
+            self._log.info(hello.agent, "connected", "agent %s connected from %s (session %s, pools %s, release %s, "
+                           "protocol %d)", hello.agent, peer, hello.session[:8], ",".join(sorted(pools)),
+                           version.peer_release(hello.release), welcome.version)
             if self.draining:
                 session.send_control(wire.Drain("gateway is draining"))
             del hello, welcome, old  # this frame lives as long as the session (memory per idle session)

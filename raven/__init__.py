@@ -1,3 +1,5 @@
 """Raven: an edge tunnel gateway for scraping edge nodes by name."""
 
-__version__ = "0.1.0"
+# The one place the release is written: pyproject.toml reads it (tool.setuptools.dynamic), and both services
+# announce it (HELLO/WELCOME, raven_build_info, /status). What a release serves: docs/skew.md.
+__version__ = "0.2.0"

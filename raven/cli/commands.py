@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from raven import __version__, logsafe
+from raven import logsafe, version
 from raven.cli import certs
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
@@ -310,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Raven: cloud Prometheus scrapes edge nodes behind NAT by Kubernetes node name, "
         "through mutually authenticated tunnels that edge agents dial out to the cloud gateway.",
     )
-    parser.add_argument("--version", action="version", version=f"raven {__version__}")
+    parser.add_argument("--version", action="version", version=version.describe(),
+                        help="print the release and the tunnel protocol versions it speaks, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     gw = sub.add_parser(
@@ -376,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status", help="pools, agents, sessions and every node's last scrape, from a gateway",
-        description="Show what one gateway replica sees: its pools with their agents (session age, streams in "
+        description="Show what one gateway replica sees: its release, its pools with their agents (release, protocol, "
+        "session age, streams in "
         "flight, draining), and every node with the result of its last scrape through this replica and why it "
         "failed. The same is on the ops port as a web page: http://GATEWAY:10265/status.html.",
     )

@@ -22,8 +22,9 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from raven import version
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
 from raven.errors import ConfigError
 from raven.layer3.config import AgentLayer3, GatewayLayer3
@@ -124,6 +125,17 @@ class GatewayTunnel(_Model):
         1024, ge=1, le=1 << 20,
         description="connections from one source address (many agents may share a NAT address: keep it generous)",
     )
+    min_agent_version: str | None = Field(
+        None, description="refuse agents of an older release (e.g. '0.2.0'; an agent that announces none is "
+        "0.1.0), with the reason in both logs: the skew policy's lower bound, enforced (docs/skew.md)",
+    )
+
+    @field_validator("min_agent_version")
+    @classmethod
+    def _is_version(cls, value: str | None) -> str | None:
+        if value is not None and (not value or version.parse(value) is None):
+            raise ValueError(f"{value!r} is not a release version (e.g. 0.2.0)")
+        return value
 
 
 class FrontAuth(_Model):

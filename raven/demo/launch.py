@@ -87,6 +87,9 @@ class LocalCluster:
     gateway_url: str | None = None
     # A bearer token the front end and the inventory endpoints require (None: an open loopback front end).
     front_token: str | None = None
+    # The command that runs `raven` for a process, by its name ("gateway", "agent-pool-a-1"): by default this
+    # interpreter's raven.cli. A skew test runs another release's processes this way (tests/support/release.py).
+    commands: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.certs = self.workdir / "pki"
@@ -192,7 +195,7 @@ class LocalCluster:
         env = {**os.environ, **self.env}
         with log.open("ab") as out:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "raven.cli", *args,
+                *self.commands.get(name, [sys.executable, "-m", "raven.cli"]), *args,
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env,
             )
         return Proc(name, process, log, metrics_port, config, host)

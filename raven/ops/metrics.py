@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from raven import version
 from raven.ops.gcpause import GcCollector
 
 CERT_EXPIRY_HELP = "notAfter of this service's certificate (role gateway/agent) and of each trusted CA, Unix seconds"
@@ -20,6 +21,16 @@ def set_cert_expiry(gauge: Gauge, entries: list[tuple[str, str, float]]) -> None
     for role, subject, not_after in entries:
         gauge.labels(role, subject).set(not_after)
 
+
+def build_info(registry: CollectorRegistry) -> Gauge:
+    """``raven_build_info{version,protocol} 1``: this build's release and the tunnel protocol versions it speaks
+    (``1,2``), on both services, so that a fleet's mix of releases is one query (docs/skew.md)."""
+    gauge = Gauge("raven_build_info", "This build: its release (version) and the tunnel protocol versions it "
+                  "speaks (protocol), value 1", ["version", "protocol"], registry=registry)
+    gauge.labels(version.RELEASE, version.protocols()).set(1)
+    return gauge
+
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -27,6 +38,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.build_info = build_info(r)
         self.sessions = Gauge("raven_gateway_sessions", "Agent sessions connected", ["pool"], registry=r)
         self.streams = Gauge("raven_gateway_streams_in_flight", "Streams open through the tunnel", registry=r)
         self.requests = Counter(
@@ -78,6 +90,7 @@ class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.build_info = build_info(r)
         self.sessions = Gauge("raven_agent_sessions", "Sessions up to gateway replicas", registry=r)
         self.connects = Counter("raven_agent_connect_attempts", "Dial attempts by result", ["result"], registry=r)
         self.streams = Gauge("raven_agent_streams_in_flight", "Streams being forwarded", registry=r)

@@ -51,11 +51,13 @@ MAX_STREAM_ID = 2**32 - 1
 MAX_WINDOW_INCREMENT = 2**31 - 1
 MAX_REFUSAL_REASON = 300  # characters of one registration refusal's reason
 MAX_ROUTES = 1024  # CIDRs in one ROUTES frame
+MAX_RELEASE = 64  # characters of the release a peer announces in HELLO/WELCOME
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
 _BAD_REASON = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_RELEASE = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]*\Z")  # a PEP 440 / semver-like string, e.g. 0.2.0 or 1.0.0rc1
 
 
 class FrameType(enum.IntEnum):
@@ -162,6 +164,7 @@ class Hello:
     versions: tuple[int, ...] = SUPPORTED_VERSIONS
     window: int = 256 * 1024  # initial per-stream receive window the agent grants
     max_streams: int = 1024  # streams the agent accepts at once
+    release: str = ""  # the agent's software release (from 0.2.0 on; empty: not announced, 0.1.0 or older)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +178,7 @@ class Welcome:
     heartbeat_timeout: float
     window: int = 256 * 1024
     max_streams: int = 1024
+    release: str = ""  # the gateway's software release (from 0.2.0 on; empty: not announced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +425,7 @@ def encode(frame: Frame) -> bytes:
                 "versions": list(frame.versions),
                 "window": frame.window,
                 "max_streams": frame.max_streams,
+                **_release_field(frame.release),
             }
         )
     if isinstance(frame, Welcome):
@@ -433,6 +438,7 @@ def encode(frame: Frame) -> bytes:
                 "heartbeat_timeout": frame.heartbeat_timeout,
                 "window": frame.window,
                 "max_streams": frame.max_streams,
+                **_release_field(frame.release),
             }
         )
     if isinstance(frame, Register):
@@ -542,6 +548,25 @@ def _str_list(value: Any, what: str) -> list[str]:
     return value
 
 
+def _release_field(release: str) -> dict[str, str]:
+    """HELLO's and WELCOME's optional ``release``: sent only when set, so that an unset one encodes as before.
+    Releases before 0.2.0 ignore the key (their decoders read the keys they know and no others)."""
+    if not release:
+        return {}
+    if len(release) > MAX_RELEASE or not _RELEASE.match(release):
+        raise ValueError(f"release {release[:80]!r} is not a version string of at most {MAX_RELEASE} characters")
+    return {"release": release}
+
+
+def _read_release(obj: dict[str, Any], what: str) -> str:
+    release = obj.get("release", "")
+    if release == "":
+        return ""
+    if not isinstance(release, str) or len(release) > MAX_RELEASE or not _RELEASE.match(release):
+        raise ProtocolError(f"{what}: field 'release' must be a version string of at most {MAX_RELEASE} characters")
+    return release
+
+
 def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> ControlFrame:
     if ftype in (FrameType.PING, FrameType.PONG):
         if len(payload) != 8:
@@ -579,6 +604,7 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
             versions=tuple(versions),
             window=window,
             max_streams=max_streams,
+            release=_read_release(obj, "HELLO"),
         )
     if ftype == FrameType.WELCOME:
         interval = _field(obj, "heartbeat_interval", (int, float), "WELCOME")
@@ -599,6 +625,7 @@ def _decode_control(ftype: FrameType, payload: memoryview, limits: Limits) -> Co
             heartbeat_timeout=float(timeout),
             window=window,
             max_streams=max_streams,
+            release=_read_release(obj, "WELCOME"),
         )
     if ftype == FrameType.REGISTER:
         nodes = obj.get("nodes")

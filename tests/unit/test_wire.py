@@ -15,6 +15,7 @@ header_value = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=25
 headers = st.lists(st.tuples(token, header_value), max_size=10).map(tuple)
 stream_id = st.integers(min_value=1, max_value=2**32 - 1)
 node = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")
+release = st.one_of(st.just(""), st.from_regex(r"\A[0-9A-Za-z][0-9A-Za-z.+!_-]{0,40}\Z"))
 
 frames = st.one_of(
     st.builds(wire.Data, stream_id, st.binary(max_size=2048), st.booleans()),
@@ -43,11 +44,11 @@ frames = st.one_of(
     st.builds(wire.GoAway, st.integers(0, 65535), st.text(max_size=40)),
     st.builds(
         wire.Hello, token, token, st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
-        st.integers(1, 2**31 - 1), st.integers(1, 1 << 20),
+        st.integers(1, 2**31 - 1), st.integers(1, 1 << 20), release,
     ),
     st.builds(
         wire.Welcome, st.integers(1, 9), token, st.integers(1, 100), st.floats(0.1, 60), st.floats(0.1, 60),
-        st.integers(1, 2**31 - 1), st.integers(1, 1 << 20),
+        st.integers(1, 2**31 - 1), st.integers(1, 1 << 20), release,
     ),
     st.builds(wire.Register, st.lists(st.builds(wire.NodeInfo, node, token, token), max_size=5).map(tuple)),
     st.builds(
