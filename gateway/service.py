@@ -96,7 +96,11 @@ class Gateway:
         self.front_guard = ConnectionGuard(
             "front end", self._front_limits(cfg),
             on_refused=lambda label: self.metrics.front_refused.labels(label).inc(),
+            proven_cap=self._targets_cap,
         )
+        self.metrics.front_connections.labels("authenticated").set_function(
+            lambda: self.front_guard.connections - self.front_guard.unproven)
+        self.metrics.front_connections.labels("unauthenticated").set_function(lambda: self.front_guard.unproven)
         self.tunnel_guard = ConnectionGuard(
             "tunnel port",
             GuardLimits(cfg.limits.handshake_timeout, cfg.limits.handshake_timeout, cfg.tunnel.max_connections,
@@ -147,12 +151,23 @@ class Gateway:
 
     def _front_limits(self, cfg: GatewayConfig) -> GuardLimits:
         front = cfg.front
-        cap = min(front.max_connections, self.fd_budget)
+        unproven = min(front.max_unauthenticated, max(1, self.fd_budget // 8))
+        cap = min(front.max_connections, max(1, self.fd_budget - unproven))
         if cap < front.max_connections:
             log.warning("the open-files limit leaves %d descriptors beyond the reserve of %d: the front end takes at "
-                        "most %d connections (front.max_connections %d)", self.fd_budget, front.fd_reserve, cap,
-                        front.max_connections)
-        return GuardLimits(front.head_timeout, front.idle_timeout, cap, front.max_connections_per_client)
+                        "most %d connections (front.max_connections %d needs an open-files limit of %d)",
+                        self.fd_budget, front.fd_reserve, cap, front.max_connections,
+                        front.max_connections + front.max_unauthenticated + front.fd_reserve)
+        return GuardLimits(front.head_timeout, front.idle_timeout, cap, front.max_connections_per_client,
+                           max_unproven=unproven,
+                           max_unproven_per_client=min(front.max_unauthenticated_per_client, unproven))
+
+    def _targets_cap(self) -> int:
+        """Authenticated connections one client address may hold, from the fleet: a Prometheus in DNS mode holds
+        one keep-alive connection per target (node x port), plus a quarter for connections being replaced."""
+        nodes = max(len(self.registry.nodes), len(self.kube_nodes))
+        targets = nodes * len(self.cfg.front.allowed_ports)
+        return targets + targets // 4
 
     def apply_config(self, new: GatewayConfig) -> None:
         """Take over a reloaded configuration without dropping a session or a connection.
