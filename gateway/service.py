@@ -10,7 +10,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,7 @@ from raven.transport.listener import (
 from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
-    from raven.kube import KubeNode, LeaseElector
+    from raven.kube import ConfigMapPublisher, KubeNode, LeaseElector
 
 log = logging.getLogger("raven.gateway")
 
@@ -49,7 +49,7 @@ log = logging.getLogger("raven.gateway")
 RESTART_ONLY = (
     "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
     "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
-    "hosts.configmap", "hosts.lease", "config_watch_interval",
+    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval",
 )
 
 
@@ -62,7 +62,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         budget: int | None = None
         if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
-            budget = CONFIGMAP_MAX_BYTES - 4096  # room for the file's header lines
+            budget = (CONFIGMAP_MAX_BYTES - 4096) * cfg.hosts.shards  # room for each file's header lines
         self.registry = Registry(
             rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
@@ -70,9 +70,11 @@ class Gateway:
         )
         sinks = []
         if cfg.hosts.file is not None:
-            sinks.append((str(cfg.hosts.file), file_sink(cfg.hosts.file)))
+            for k in range(cfg.hosts.shards):  # shard k >= 1 beside it, as <file>.<k>
+                path = cfg.hosts.file if k == 0 else cfg.hosts.file.with_name(f"{cfg.hosts.file.name}.{k}")
+                sinks.append((str(path), k, file_sink(path)))
         self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
-                                    ready=lambda: self.kube_synced and self.ready()[0])
+                                    ready=lambda: self.kube_synced and self.ready()[0], shards=cfg.hosts.shards)
         self.registry.on_change = self.hosts.changed
         ident = pki.load_identity(cfg.tls.cert)
         if ident.role in ("agent", "ca"):
@@ -257,17 +259,23 @@ class Gateway:
                 self._kube_api, lease.namespace, lease.name, self.cfg.replica_id, lease.duration,
                 on_change=lambda leader: self.hosts.changed(),
             )
-            publisher = ConfigMapPublisher(self._kube_api, target.namespace, target.name, target.key)
-
-            async def to_configmap(content: str) -> bool:
-                if not elector.is_leader:
-                    return False  # another replica holds the Lease and publishes
-                return await publisher.publish(content, allowed=lambda: elector.is_leader)
-
-            self.hosts.sinks.append((f"ConfigMap {target.namespace}/{target.name}", to_configmap))
+            for shard in range(self.cfg.hosts.shards):  # shard k >= 1 in ConfigMap <name>-<k>
+                name = target.name if shard == 0 else f"{target.name}-{shard}"
+                publisher = ConfigMapPublisher(self._kube_api, target.namespace, name, target.key)
+                self.hosts.sinks.append((f"ConfigMap {target.namespace}/{name}", shard,
+                                         self._to_configmap(elector, publisher)))
             self._background.append(asyncio.get_running_loop().create_task(elector.run(), name="lease"))
         log.info("watching edge Nodes (label %s%s)", k.pool_label, f", selector {k.node_selector}" if k.node_selector
                  else "")
+
+    @staticmethod
+    def _to_configmap(elector: LeaseElector, publisher: ConfigMapPublisher) -> Callable[[str], Awaitable[bool]]:
+        async def publish(content: str) -> bool:
+            if not elector.is_leader:
+                return False  # another replica holds the Lease and publishes
+            return await publisher.publish(content, allowed=lambda: elector.is_leader)
+
+        return publish
 
     def _authorize_ops(self, request: web.Request) -> web.Response | None:
         """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization);
