@@ -69,12 +69,12 @@ def ceiling(addresses: Sequence[str], name_length: int, limit: int = CONFIGMAP_M
     return (limit - HEADER_BYTES) // max(1, per_name)
 
 
-def corefile_blocks(shards: int, path: str = "/etc/edge/shard-{k}/tunnel-nodes") -> str:
+def corefile_blocks(shards: int, path: str = "/etc/edge-shard-{k}/tunnel-nodes") -> str:
     """The CoreDNS server blocks for shards 1 .. shards-1 (shard 0 is the main block's ``hosts`` plugin)."""
     blocks = []
     for k in range(1, shards):
         blocks.append(
-            f". {{\n"
+            f".:53 {{\n"
             f"    view raven-shard-{k} {{\n"
             f"        expr name() matches '{view_regex(k, shards)}'\n"
             f"    }}\n"

@@ -58,5 +58,5 @@ def test_coredns_views_take_exactly_their_shards_names() -> None:
                 assert not pattern.match(other)
         blocks = corefile_blocks(shards)
         assert blocks.count("view raven-shard-") == shards - 1
-        assert f"/etc/edge/shard-{shards - 1}/tunnel-nodes" in blocks
+        assert f"/etc/edge-shard-{shards - 1}/tunnel-nodes" in blocks
     assert corefile_blocks(1) == ""
