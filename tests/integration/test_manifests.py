@@ -586,7 +586,7 @@ def test_coredns_shards_patch_mounts_what_the_view_blocks_read(tmp_path: Path) -
     validate(deployment)
     spec = deployment["spec"]["template"]["spec"]
     volumes = {v["name"]: v["configMap"] for v in spec["volumes"] if "configMap" in v}
-    read = set()
+    read: set[str] = set()
     for m in container(deployment)["volumeMounts"]:
         source = volumes[m["name"]]
         assert "subPath" not in m
