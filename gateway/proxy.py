@@ -157,6 +157,7 @@ class Proxy:
                 allowed = ", ".join(str(p) for p in sorted(self.allowed_ports))
                 raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
             found = self.registry.lookup(target.node)
+            self._vouch(ex, found.entry)
             if found.entry is None:
                 if not self.settled():
                     # A replica that just started does not know every node yet: "try again", not "no such node".
@@ -180,6 +181,18 @@ class Proxy:
             raise
         finally:
             self._finish(ex)
+
+    def _vouch(self, ex: Exchange, entry: NodeEntry | None) -> None:
+        """The request passed the credentials check: its connection is an authenticated one from now on, unless
+        it is beyond a connection cap; then it is refused here, where the node is known (status page, metric)."""
+        over = self.guard.vouch(ex.request)
+        if over is None:
+            return
+        label, why = over
+        ex.pool = entry.pool if entry is not None else "-"
+        self.metrics.connection_refusals.labels(ex.pool, label).inc()
+        raise Refusal(503, f"connection for node {ex.node!r} refused: {why}", f"connection-{label}",
+                      {"Retry-After": "5"})
 
     def configure(self, cfg: GatewayFront) -> None:
         """Take the front end's settings (at start, and on a configuration reload: for requests from now on)."""
@@ -235,11 +248,14 @@ class Proxy:
         ex.code, ex.reason, ex.observe = str(ref.status), ref.reason, True
         ex.last_scrape = ref.status >= 500  # a refusal of the client's own making (4xx) says nothing about the node
         self.metrics.front_refused.labels(label).inc()
-        return web.Response(
+        response = web.Response(
             status=ref.status,
             text=f"raven: {ref.reason}\n",
             headers={**ref.headers, "X-Raven-Error": header_safe(ref.reason)},
         )
+        if not self.guard.proven(request):  # sent nothing but refused requests: it does not stay
+            response.force_close()
+        return response
 
     # ------------------------------------------------------------ opening a stream, with one retry
 

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,7 @@ from raven.transport.listener import (
 from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
-    from raven.kube import KubeNode, LeaseElector
+    from raven.kube import ConfigMapPublisher, KubeNode, LeaseElector
 
 log = logging.getLogger("raven.gateway")
 
@@ -52,7 +52,7 @@ log = logging.getLogger("raven.gateway")
 RESTART_ONLY = (
     "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
     "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
-    "hosts.configmap", "hosts.lease", "config_watch_interval",
+    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval",
 )
 
 
@@ -65,7 +65,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         budget: int | None = None
         if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
-            budget = CONFIGMAP_MAX_BYTES - 4096  # room for the file's header lines
+            budget = (CONFIGMAP_MAX_BYTES - 4096) * cfg.hosts.shards  # room for each file's header lines
         self.registry = Registry(
             rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
@@ -73,9 +73,11 @@ class Gateway:
         )
         sinks = []
         if cfg.hosts.file is not None:
-            sinks.append((str(cfg.hosts.file), file_sink(cfg.hosts.file)))
+            for k in range(cfg.hosts.shards):  # shard k >= 1 beside it, as <file>.<k>
+                path = cfg.hosts.file if k == 0 else cfg.hosts.file.with_name(f"{cfg.hosts.file.name}.{k}")
+                sinks.append((str(path), k, file_sink(path)))
         self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
-                                    ready=lambda: self.kube_synced and self.ready()[0])
+                                    ready=lambda: self.kube_synced and self.ready()[0], shards=cfg.hosts.shards)
         self.registry.on_change = self.hosts.changed
         ident = pki.load_identity(cfg.tls.cert)
         if ident.role in ("agent", "ca"):
@@ -101,7 +103,11 @@ class Gateway:
         self.front_guard = ConnectionGuard(
             "front end", self._front_limits(cfg),
             on_refused=lambda label: self.metrics.front_refused.labels(label).inc(),
+            proven_cap=self._targets_cap,
         )
+        self.metrics.front_connections.labels("authenticated").set_function(
+            lambda: self.front_guard.connections - self.front_guard.unproven)
+        self.metrics.front_connections.labels("unauthenticated").set_function(lambda: self.front_guard.unproven)
         self.tunnel_guard = ConnectionGuard(
             "tunnel port",
             GuardLimits(cfg.limits.handshake_timeout, cfg.limits.handshake_timeout, cfg.tunnel.max_connections,
@@ -159,12 +165,23 @@ class Gateway:
 
     def _front_limits(self, cfg: GatewayConfig) -> GuardLimits:
         front = cfg.front
-        cap = min(front.max_connections, self.fd_budget)
+        unproven = min(front.max_unauthenticated, max(1, self.fd_budget // 8))
+        cap = min(front.max_connections, max(1, self.fd_budget - unproven))
         if cap < front.max_connections:
             log.warning("the open-files limit leaves %d descriptors beyond the reserve of %d: the front end takes at "
-                        "most %d connections (front.max_connections %d)", self.fd_budget, front.fd_reserve, cap,
-                        front.max_connections)
-        return GuardLimits(front.head_timeout, front.idle_timeout, cap, front.max_connections_per_client)
+                        "most %d connections (front.max_connections %d needs an open-files limit of %d)",
+                        self.fd_budget, front.fd_reserve, cap, front.max_connections,
+                        front.max_connections + front.max_unauthenticated + front.fd_reserve)
+        return GuardLimits(front.head_timeout, front.idle_timeout, cap, front.max_connections_per_client,
+                           max_unproven=unproven,
+                           max_unproven_per_client=min(front.max_unauthenticated_per_client, unproven))
+
+    def _targets_cap(self) -> int:
+        """Authenticated connections one client address may hold, from the fleet: a Prometheus in DNS mode holds
+        one keep-alive connection per target (node x port), plus a quarter for connections being replaced."""
+        nodes = max(len(self.registry.nodes), len(self.kube_nodes))
+        targets = nodes * len(self.cfg.front.allowed_ports)
+        return targets + targets // 4
 
     def apply_config(self, new: GatewayConfig) -> None:
         """Take over a reloaded configuration without dropping a session or a connection.
@@ -277,17 +294,23 @@ class Gateway:
                 self._kube_api, lease.namespace, lease.name, self.cfg.replica_id, lease.duration,
                 on_change=lambda leader: self.hosts.changed(),
             )
-            publisher = ConfigMapPublisher(self._kube_api, target.namespace, target.name, target.key)
-
-            async def to_configmap(content: str) -> bool:
-                if not elector.is_leader:
-                    return False  # another replica holds the Lease and publishes
-                return await publisher.publish(content, allowed=lambda: elector.is_leader)
-
-            self.hosts.sinks.append((f"ConfigMap {target.namespace}/{target.name}", to_configmap))
+            for shard in range(self.cfg.hosts.shards):  # shard k >= 1 in ConfigMap <name>-<k>
+                name = target.name if shard == 0 else f"{target.name}-{shard}"
+                publisher = ConfigMapPublisher(self._kube_api, target.namespace, name, target.key)
+                self.hosts.sinks.append((f"ConfigMap {target.namespace}/{name}", shard,
+                                         self._to_configmap(elector, publisher)))
             self._background.append(asyncio.get_running_loop().create_task(elector.run(), name="lease"))
         log.info("watching edge Nodes (label %s%s)", k.pool_label, f", selector {k.node_selector}" if k.node_selector
                  else "")
+
+    @staticmethod
+    def _to_configmap(elector: LeaseElector, publisher: ConfigMapPublisher) -> Callable[[str], Awaitable[bool]]:
+        async def publish(content: str) -> bool:
+            if not elector.is_leader:
+                return False  # another replica holds the Lease and publishes
+            return await publisher.publish(content, allowed=lambda: elector.is_leader)
+
+        return publish
 
     def _authorize_ops(self, request: web.Request) -> web.Response | None:
         """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization);

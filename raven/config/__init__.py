@@ -201,11 +201,26 @@ class GatewayFront(_Model):
         "agent releases the node connection) and its connection closed",
     )
     max_connections: int = Field(
-        8192, ge=1, le=1 << 20, description="front-end connections held at once; more get 503 and a close",
+        32768, ge=1, le=1 << 20,
+        description="front-end connections held at once (a Prometheus HA pair in DNS mode holds one per target "
+        "each: 20,000 for 10,000 nodes and one exporter); a connection beyond it has its first request answered "
+        "503, naming the node, and is closed",
     )
     max_connections_per_client: int = Field(
         2048, ge=1, le=1 << 20,
-        description="front-end connections from one client address (a Prometheus holds about one per target)",
+        description="authenticated connections from one client address, at least: the gateway allows 1.25 x "
+        "registered nodes x allowed_ports when that is more (a Prometheus holds one keep-alive connection per "
+        "target)",
+    )
+    max_unauthenticated: int = Field(
+        4096, ge=1, le=1 << 20,
+        description="connections that have not yet sent a request with valid credentials (or sent only "
+        "refused ones), from all clients; more are refused at once",
+    )
+    max_unauthenticated_per_client: int = Field(
+        256, ge=1, le=1 << 20,
+        description="such connections from one client address (a real client's connection is unauthenticated "
+        "only until its first request head arrives)",
     )
     client_share: float = Field(
         0.25, gt=0, le=1, allow_inf_nan=False,
@@ -275,6 +290,12 @@ class HostsSettings(_Model):
     configmap: ConfigMapTarget | None = Field(None, description="publish the hosts file as this ConfigMap key")
     lease: LeaseSettings = LeaseSettings()
     debounce: Seconds = Field(1.0, description="wait this long after a change before publishing")
+    shards: int = Field(
+        1, ge=1, le=10,
+        description="split the hosts file in this many files or ConfigMaps, past one ConfigMap's 1 MiB (about "
+        "35,000 names with one IPv4 service address, 16,000 with IPv4 and IPv6): shard k >= 1 goes to <file>.<k> "
+        "and ConfigMap <name>-<k>, each read by a CoreDNS server block of its own (deploy/coredns/)",
+    )
 
 
 class NameRules(_Model):

@@ -44,9 +44,10 @@ def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven 
         "# every write replaces the whole file.",
         f"# {len(unique)} node(s) -> {', '.join(str(a) for a in ordered) or 'no service address configured'}",
     ]
+    texts = [f"{ip}\t" for ip in ordered]  # formatted once: an IPv6 address's str() is slow
     for name in unique:
-        for ip in ordered:
-            lines.append(f"{ip}\t{name}")
+        for text in texts:
+            lines.append(text + name)
     return "\n".join(lines) + "\n"
 
 
@@ -87,14 +88,20 @@ Sink = Callable[[str], Awaitable[bool]]
 
 
 class HostsPublisher:
-    """Re-render and publish after changes, debounced: a burst of registrations is one write."""
+    """Re-render and publish after changes, debounced: a burst of registrations is one write.
+
+    With ``shards`` > 1 the names are split (see :mod:`raven.dns.shards`) and each sink is given the file of
+    its shard: ``sinks`` are (label, shard, sink).
+    """
 
     def __init__(self, names: Callable[[], Iterable[str]], addresses: Sequence[str], debounce: float,
-                 sinks: Sequence[tuple[str, Sink]], ready: Callable[[], bool] | None = None) -> None:
+                 sinks: Sequence[tuple[str, int, Sink]], ready: Callable[[], bool] | None = None,
+                 shards: int = 1) -> None:
         self.names = names
         self.addresses = list(addresses)
         self.debounce = debounce
         self.sinks = list(sinks)
+        self.shards = shards
         # Nothing is published before ``ready()``: a restarted gateway knows no nodes until its agents
         # are back, and publishing then would take every edge name out of DNS for a while.
         self.ready = ready or (lambda: True)
@@ -120,16 +127,23 @@ class HostsPublisher:
         return out
 
     def current(self) -> str:
+        """The whole file (every shard's names in one)."""
         return render(self.valid_names(), self.addresses)
+
+    def current_shards(self) -> list[str]:
+        from raven.dns.shards import render_shards
+
+        return render_shards(self.valid_names(), self.addresses, self.shards)
 
     async def publish_once(self) -> bool:
         """Publish to every sink; False when something failed (and will be retried)."""
         if not self.ready():
             return False
-        content = self.current()
-        self.content = content
+        contents = self.current_shards() if self.shards > 1 else [self.current()]
+        self.content = contents[0] if len(contents) == 1 else "".join(contents)
         ok = True
-        for label, sink in self.sinks:
+        for label, shard, sink in self.sinks:
+            content = contents[shard] if shard < len(contents) else contents[0]
             try:
                 if await sink(content):
                     self.writes += 1

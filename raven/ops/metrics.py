@@ -68,6 +68,16 @@ class GatewayMetrics:
             "Front-end requests and connections refused by a limit or a check, by reason (a fixed word)",
             ["reason"], registry=r,
         )
+        self.front_connections = Gauge(
+            "raven_gateway_front_connections", "Front-end connections held, by state (authenticated: has sent a "
+            "request with valid credentials; unauthenticated: not yet)", ["state"], registry=r,
+        )
+        self.connection_refusals = Counter(
+            "raven_gateway_front_connection_refusals",
+            "Requests refused because their connection was beyond a connection cap, by the node's pool and reason "
+            "(over-capacity: front.max_connections; client-cap: the client address's authenticated connections)",
+            ["pool", "reason"], registry=r,
+        )
         self.l3_packets = Counter(
             "raven_gateway_layer3_packets", "Layer-3 packets forwarded, by pool and direction (to_pool, from_pool)",
             ["pool", "direction"], registry=r,

@@ -5,11 +5,20 @@ thousand connections and sends half a request head (or nothing) holds them until
 process runs out of descriptors every listener fails. :class:`GuardedSite` is an aiohttp site whose connections
 go through a :class:`ConnectionGuard`:
 
-- a connection is refused (a canned ``503`` and a close, counted) when the listener already holds
-  ``max_connections`` connections, or the client's address holds ``max_per_client``;
+- a connection is *unproven* from its accept until the handler vouches for it (:meth:`ConnectionGuard.vouch`:
+  the front end does so for a request that passed the credentials check), and *proven* after. Unproven
+  connections are few and short-lived for a real client (one request head's time), so they have small caps:
+  ``max_unproven_per_client`` per address and ``max_unproven`` in all; a connection beyond them is refused at
+  once (a canned ``503`` and a close, counted). Proven connections are what Prometheus holds, one keep-alive
+  connection per target, so their cap per address is derived from the fleet (``proven_cap``, given by the
+  service) and never lower than ``max_per_client``; ``max_connections`` bounds proven and unproven together;
+- a connection admitted while ``max_connections`` are held is *over the cap*: it stays within the unproven
+  caps and its first request is answered ``503`` (naming the node, so that the refusal shows per node) and the
+  connection closed;
 - a new connection must deliver a complete request head within ``head_timeout``; after a response, the next
-  request's first byte must come within ``idle_timeout`` (keep-alive) and its complete head within
-  ``head_timeout`` of that byte; a connection that misses a deadline is closed (``408`` for a started head);
+  request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
+  connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
+  that byte; a connection that misses a deadline is closed (``408`` for a started head);
 - TLS listeners get ``head_timeout`` as the TLS handshake deadline too.
 
 While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
@@ -42,8 +51,18 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 class GuardLimits:
     head_timeout: float = 10.0
     idle_timeout: float = 120.0
-    max_connections: int = 8192
-    max_per_client: int = 2048
+    max_connections: int = 8192  # proven and unproven together
+    max_per_client: int = 2048  # proven connections from one address (at least; see ConnectionGuard.proven_cap)
+    max_unproven: int | None = None  # None: max_connections (a listener whose handler never vouches)
+    max_unproven_per_client: int | None = None  # None: max_per_client
+
+    @property
+    def unproven_total(self) -> int:
+        return self.max_connections if self.max_unproven is None else self.max_unproven
+
+    @property
+    def unproven_per_client(self) -> int:
+        return self.max_per_client if self.max_unproven_per_client is None else self.max_unproven_per_client
 
 
 def _canned(status: str, reason: str) -> bytes:
@@ -84,10 +103,11 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     :class:`_ReadBuffer`) and hands aiohttp's protocol a copy with ``data_received``.
     """
 
-    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_paused", "_phase", "_preadmitted", "_timer",
-                 "_transport")
+    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_over", "_paused", "_phase", "_preadmitted",
+                 "_proven", "_timer", "_transport")
 
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None) -> None:
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
+                 over: bool = False) -> None:
         self._guard = guard
         self._inner = inner
         self._transport: asyncio.Transport | None = None
@@ -98,6 +118,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._admitted = False
         self._paused = False
+        self._proven = False
+        self._over = over  # admitted beyond max_connections: its first request is refused
         self._drain: list[asyncio.Future[None]] = []
 
     # ---------------------------------------------------------------- asyncio.Protocol
@@ -108,7 +130,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         if not self._preadmitted:
             peer = transport.get_extra_info("peername")
             self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-            refusal = self._guard._admit(self._client)
+            refusal, self._over = self._guard._admit(self._client)
             if refusal is not None:
                 transport.write(_canned("503 Service Unavailable", refusal))
                 transport.close()
@@ -145,7 +167,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             return
         self._admitted = False
         self._wake_drain(ConnectionResetError("client connection lost"))
-        self._guard._release(self._client, self._transport)
+        self._guard._release(self._client, self._transport, self._proven, self._over)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -192,7 +214,9 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     def idle(self) -> None:
         if self._phase == _BUSY and self._admitted:
             self._phase = _IDLE
-            self._arm(self._guard.limits.idle_timeout)
+            limits = self._guard.limits
+            # An unproven connection has sent only failed requests: it may not sit idle for long.
+            self._arm(limits.idle_timeout if self._proven else min(limits.idle_timeout, limits.head_timeout))
 
     def _expired(self) -> None:
         self._timer = None
@@ -217,11 +241,18 @@ class ConnectionGuard:
         name: str,
         limits: GuardLimits,
         on_refused: Callable[[str], None] | None = None,
+        proven_cap: Callable[[], int] | None = None,
     ) -> None:
         self.name = name
         self.limits = limits
         self.on_refused = on_refused
-        self._per_client: dict[str, int] = {}
+        # Proven connections one address may hold: at least limits.max_per_client; the service derives more
+        # from the fleet (a Prometheus holds one keep-alive connection per target).
+        self.proven_cap = proven_cap
+        self._unproven: dict[str, int] = {}  # client address -> unproven connections (over-the-cap ones too)
+        self._proven: dict[str, int] = {}  # client address -> proven connections
+        self._unproven_total = 0
+        self._over_total = 0
         self._conns: dict[asyncio.BaseTransport, _GuardedProtocol] = {}
         self._log = RateLimitedLog(log)
         self.draining = False
@@ -231,39 +262,65 @@ class ConnectionGuard:
     def connections(self) -> int:
         return len(self._conns)
 
+    @property
+    def unproven(self) -> int:
+        return self._unproven_total
+
     def client_connections(self, client: str) -> int:
-        return self._per_client.get(client, 0)
+        return self._unproven.get(client, 0) + self._proven.get(client, 0)
+
+    def client_proven(self, client: str) -> int:
+        return self._proven.get(client, 0)
+
+    def per_client_cap(self) -> int:
+        derived = self.proven_cap() if self.proven_cap is not None else 0
+        return max(self.limits.max_per_client, derived)
 
     def wrap(
-        self, factory: Callable[[], asyncio.Protocol], client: str | None = None
+        self, factory: Callable[[], asyncio.Protocol], client: str | None = None, over: bool = False
     ) -> Callable[[], asyncio.BufferedProtocol]:
         def make() -> asyncio.BufferedProtocol:
-            return _GuardedProtocol(self, factory(), client)
+            return _GuardedProtocol(self, factory(), client, over)
 
         return make
 
-    def _admit(self, client: str) -> str | None:
-        if len(self._conns) >= self.limits.max_connections:
-            self._refused("too-many-connections", client,
-                          f"{self.name} holds {len(self._conns)} connections (limit {self.limits.max_connections})")
-            return "too many connections; try again later"
-        held = self._per_client.get(client, 0)
-        if held >= self.limits.max_per_client:
+    def _admit(self, client: str) -> tuple[str | None, bool]:
+        """Count a new connection as unproven: (refusal or None, whether it is over max_connections)."""
+        limits = self.limits
+        held = self._unproven.get(client, 0)
+        if held >= limits.unproven_per_client:
             self._refused("client-connections", client,
-                          f"client {client} holds {held} connections to {self.name} "
-                          f"(limit {self.limits.max_per_client} per client)")
-            return "too many connections from this address"
-        self._per_client[client] = held + 1
-        return None
+                          f"client {client} holds {held} unauthenticated connections to {self.name} "
+                          f"(limit {limits.unproven_per_client} per client)")
+            return "too many connections from this address", False
+        if self._unproven_total >= limits.unproven_total:
+            self._refused("too-many-connections", client,
+                          f"{self.name} holds {self._unproven_total} unauthenticated connections "
+                          f"(limit {limits.unproven_total})")
+            return "too many connections; try again later", False
+        over = len(self._conns) - self._over_total >= limits.max_connections
+        if over and limits.max_unproven is None:  # a listener that never vouches: refused here and now
+            self._refused("too-many-connections", client,
+                          f"{self.name} holds {len(self._conns)} connections (limit {limits.max_connections})")
+            return "too many connections; try again later", False
+        self._unproven[client] = held + 1
+        self._unproven_total += 1
+        self._over_total += over
+        return None, over
 
-    def _release(self, client: str, transport: asyncio.BaseTransport | None) -> None:
+    def _release(self, client: str, transport: asyncio.BaseTransport | None, proven: bool = False,
+                 over: bool = False) -> None:
         if transport is not None:
             self._conns.pop(transport, None)
-        held = self._per_client.get(client, 0) - 1
+        counts = self._proven if proven else self._unproven
+        held = counts.get(client, 0) - 1
         if held > 0:
-            self._per_client[client] = held
+            counts[client] = held
         else:
-            self._per_client.pop(client, None)
+            counts.pop(client, None)
+        if not proven:
+            self._unproven_total -= 1
+        self._over_total -= over
         if not self._conns:
             waiters, self._empty_waiters = self._empty_waiters, []
             for fut in waiters:
@@ -291,6 +348,39 @@ class ConnectionGuard:
             fut = asyncio.get_running_loop().create_future()
             self._empty_waiters.append(fut)
             await fut
+
+    def vouch(self, request: web.BaseRequest) -> tuple[str, str] | None:
+        """The handler vouches for ``request``'s connection (it presented valid credentials): make it proven.
+
+        Returns None when the connection is proven (or not guarded here), else why it may not be served, as
+        (label, reason): ``over-capacity`` (admitted while ``max_connections`` were held) or ``client-cap`` (its
+        address already holds its cap of proven connections). The handler then refuses the request and closes
+        the connection.
+        """
+        conn = self._conns.get(request.transport) if request.transport is not None else None
+        if conn is None or conn._proven:
+            return None
+        client = conn._client
+        if conn._over:
+            return "over-capacity", (f"the gateway's front end holds {len(self._conns) - self._over_total} "
+                                     f"connections (front.max_connections {self.limits.max_connections})")
+        held, cap = self._proven.get(client, 0), self.per_client_cap()
+        if held >= cap:
+            return "client-cap", (f"this client address holds {held} authenticated connections (limit {cap}: "
+                                  "front.max_connections_per_client, or more for the registered targets)")
+        conn._proven = True
+        self._proven[client] = held + 1
+        left = self._unproven.get(client, 0) - 1
+        if left > 0:
+            self._unproven[client] = left
+        else:
+            self._unproven.pop(client, None)
+        self._unproven_total -= 1
+        return None
+
+    def proven(self, request: web.BaseRequest) -> bool:
+        conn = self._conns.get(request.transport) if request.transport is not None else None
+        return conn is None or conn._proven
 
     def _refused(self, label: str, client: str, why: str) -> None:
         if self.on_refused is not None:
@@ -396,24 +486,25 @@ class GuardedSite(BaseSite):
                 await asyncio.sleep(0.05)
                 continue
             client = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
-            if guard._admit(client) is not None:
+            refusal, over = guard._admit(client)
+            if refusal is not None:
                 conn.close()  # no TLS yet, nothing to say: the refusal is counted and logged
                 continue
-            task = loop.create_task(self._handshake(conn, client, context))
+            task = loop.create_task(self._handshake(conn, client, context, over))
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, conn: socket.socket, client: str, context: ssl.SSLContext) -> None:
+    async def _handshake(self, conn: socket.socket, client: str, context: ssl.SSLContext, over: bool) -> None:
         server = self._runner.server
         assert server is not None
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                self._guard.wrap(server, client), conn, ssl=context,
+                self._guard.wrap(server, client, over), conn, ssl=context,
                 ssl_handshake_timeout=self._guard.limits.head_timeout,
             )
         except BaseException as exc:
             conn.close()
-            self._guard._release(client, None)  # its protocol never came up: the count is released here
+            self._guard._release(client, None, False, over)  # its protocol never came up: released here
             if isinstance(exc, TimeoutError | ConnectionAbortedError):
                 self._guard._refused("head-timeout", client, f"no TLS handshake within "
                                      f"{self._guard.limits.head_timeout:g}s")

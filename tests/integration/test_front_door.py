@@ -67,6 +67,7 @@ async def door(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Door]:
             "front": {
                 "request_timeout": 10, "head_timeout": HEAD_TIMEOUT, "idle_timeout": 3, "body_timeout": 1,
                 "write_stall_timeout": WRITE_STALL, "max_connections": 120, "max_connections_per_client": 40,
+                "max_unauthenticated": 120, "max_unauthenticated_per_client": 40,
                 "max_streams_per_node": 8, "client_share": 0.5, "allow_connect": True, "max_connect_tunnels": 4,
                 "max_connect_per_client": 2, "connect_idle_timeout": 1.5,
             },

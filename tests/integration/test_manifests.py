@@ -568,6 +568,33 @@ def test_coredns_patch_applies(tmp_path: Path) -> None:
     assert f"{mount['mountPath']}/{item['path']}" == _corefile_hosts()[0]
 
 
+def test_coredns_shards_patch_mounts_what_the_view_blocks_read(tmp_path: Path) -> None:
+    """hosts.shards: every shard's ConfigMap is mounted where its server block of Corefile.shards.snippet reads."""
+    from raven.dns.shards import corefile_blocks
+
+    (tmp_path / "coredns.yaml").write_text(COREDNS_DEPLOYMENT)
+    shutil.copy(DEPLOY / "coredns/coredns-shards-patch.yaml", tmp_path / "patch.yaml")
+    (tmp_path / "kustomization.yaml").write_text("resources: [coredns.yaml]\npatches: [{path: patch.yaml}]\n")
+    deployment = find(render(tmp_path), "Deployment", "coredns")
+    validate(deployment)
+    spec = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["configMap"] for v in spec["volumes"] if "configMap" in v}
+    read: set[str] = set()
+    for m in container(deployment)["volumeMounts"]:
+        source = volumes[m["name"]]
+        assert "subPath" not in m
+        if source["name"] != "coredns":
+            assert source["optional"] is True
+            read.update(f"{m['mountPath']}/{item['path']}" for item in source["items"])
+    snippet = (DEPLOY / "coredns/Corefile.shards.snippet").read_text()
+    body = "\n".join(line for line in snippet.splitlines() if not line.startswith("#"))
+    assert body.strip() == corefile_blocks(4).strip()
+    wanted = set(re.findall(r"hosts\s+(\S+)", body)) | {_corefile_hosts()[0]}
+    assert read == wanted
+    assert {name for name in volumes if name.startswith("edge-tunnel-nodes")} == {
+        "edge-tunnel-nodes", "edge-tunnel-nodes-1", "edge-tunnel-nodes-2", "edge-tunnel-nodes-3"}
+
+
 # ---------------------------------------------------------------- Prometheus
 
 

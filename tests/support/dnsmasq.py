@@ -6,16 +6,20 @@ import asyncio
 import contextlib
 import shutil
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from raven.demo.launch import free_port
 
 
 class Dnsmasq:
-    def __init__(self, hosts_file: Path, address: str = "127.0.0.1", watch_dir: bool = False) -> None:
+    def __init__(self, hosts_file: Path, address: str = "127.0.0.1", watch_dir: bool = False,
+                 more_hosts: Sequence[Path] = ()) -> None:
         """``watch_dir``: ``hosts_file`` is a folder that dnsmasq watches (--hostsdir, inotify), re-reading
-        changed files by itself as CoreDNS's hosts plugin does with ``reload``."""
+        changed files by itself as CoreDNS's hosts plugin does with ``reload``. ``more_hosts``: more files
+        read beside it (the shards of a split hosts file, as several CoreDNS server blocks read them)."""
         self.hosts_file = hosts_file
+        self.more_hosts = tuple(more_hosts)
         self.watch_dir = watch_dir
         self.address = address
         self.port = 0
@@ -34,6 +38,7 @@ class Dnsmasq:
             exe, "--keep-in-foreground", f"--port={self.port}", f"--listen-address={self.address}",
             "--bind-interfaces", "--no-resolv", "--no-hosts",
             f"--hostsdir={self.hosts_file}" if self.watch_dir else f"--addn-hosts={self.hosts_file}",
+            *(f"--addn-hosts={path}" for path in self.more_hosts),
             "--user=root", "--group=root", "--pid-file=", "--log-facility=/dev/null", "--cache-size=0",
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )

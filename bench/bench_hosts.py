@@ -1,0 +1,99 @@
+"""Benchmark: the hosts file of a 100,000-node registry, whole and in shards.
+
+Registers --nodes simulated node names (10 pools, an agent each; names like ``edge-gpu-12345``) in a real
+gateway :class:`~gateway.registry.Registry`, then prints:
+
+- the memory the registry holds per registered node (tracemalloc, allocations made while registering);
+- the time to render the whole hosts file and the shards (median of --repeat renders), and their sizes
+  against one ConfigMap's limit, for IPv4 and for IPv4 + IPv6 service addresses;
+- how many names of this length one ConfigMap holds (the ceiling) and the shards needed.
+
+    .venv/bin/python bench/bench_hosts.py --nodes 100000 --shards 4
+
+This is a benchmark, not a test: its figures depend on the machine (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+from gateway.registry import AgentSession, Registry
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, render
+from raven.dns.shards import ceiling, render_shards
+from raven.protocol import wire
+
+
+class _IdleSession:
+    """What the registry asks of a tunnel session, for registering only."""
+
+    closed = False
+    peer_draining = False
+    ids_left = 1 << 30
+    in_flight = 0
+
+
+def timed(fn: Any, repeat: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def main(args: argparse.Namespace) -> int:
+    pools = 10
+    per_pool = args.nodes // pools
+    names = [f"edge-gpu-{i}" for i in range(pools * per_pool)]
+    registry = Registry(max_nodes_per_agent=per_pool, max_nodes_total=len(names))
+    session: Any = _IdleSession()
+    agents = [AgentSession(f"agent-{p}", "s", frozenset({f"pool-{p}"}), session) for p in range(pools)]
+    infos = [[wire.NodeInfo(names[p * per_pool + k], f"10.{p}.{k // 256}.{k % 256}", f"pool-{p}")
+              for k in range(per_pool)] for p in range(pools)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    start = time.perf_counter()
+    for agent, nodes in zip(agents, infos, strict=True):
+        registry.add_session(agent)
+        _, refused = registry.register(agent, nodes)
+        assert not refused, refused[:3]
+    took = time.perf_counter() - start
+    del infos  # what the registry keeps, not the registration messages
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    print(f"{len(registry.nodes)} nodes registered in {took:.2f}s (under tracemalloc, several times slower); "
+          f"the registry holds {held / 2**20:.1f} MiB, "
+          f"{held / len(registry.nodes):.0f} B per node")
+    known = sorted(e.name for e in registry.known_nodes())
+    for label, addresses in (("IPv4", ["10.96.123.45"]), ("IPv4+IPv6", ["10.96.123.45", "fd00:10:96::1234"])):
+        t_whole, whole = timed(lambda a=addresses: render(known, a), args.repeat)
+        t_shards, shards = timed(lambda a=addresses: render_shards(known, a, args.shards), args.repeat)
+        sizes = [len(s.encode()) for s in shards]
+        cap = ceiling(addresses, len(max(known, key=len)))
+        print(f"{label}: whole file {len(whole.encode()) / 2**20:.2f} MiB in {t_whole * 1000:.0f} ms "
+              f"({'fits' if len(whole.encode()) <= CONFIGMAP_MAX_BYTES else 'does NOT fit'} one ConfigMap; "
+              f"one holds {cap} names of {len(max(known, key=len))} characters, so at least "
+              f"{-(-len(known) // cap)} shards); {args.shards} shards in {t_shards * 1000:.0f} ms, largest "
+              f"{max(sizes) / 2**20:.2f} MiB, smallest {min(sizes) / 2**20:.2f} MiB "
+              f"({'all fit' if max(sizes) <= CONFIGMAP_MAX_BYTES else 'one does NOT fit'})")
+    return 0
+
+
+def cli() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=100_000, help="simulated node names (default 100000)")
+    parser.add_argument("--shards", type=int, default=4, help="shards to render (default 4)")
+    parser.add_argument("--repeat", type=int, default=5, help="renders timed, median printed (default 5)")
+    return main(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

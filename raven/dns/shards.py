@@ -1,0 +1,91 @@
+"""Past one ConfigMap: the hosts file split into shards, each one CoreDNS ``hosts`` plugin reads.
+
+A ConfigMap holds at most 1 MiB, and CoreDNS's ``hosts`` plugin may be used once per server block, reading one
+file. Its ``view`` plugin (CoreDNS 1.10 and later) lets several server blocks serve the same zone, each chosen
+by an expression on the query: so shard *k* (k >= 1) is a server block ``.`` whose view takes the names of that
+shard, with its own ``hosts`` plugin reading ConfigMap ``edge-tunnel-nodes-<k>``; shard 0 stays in the main
+server block (ConfigMap ``edge-tunnel-nodes``), which also answers everything else. ``deploy/coredns/`` shows
+the Corefile (:func:`corefile_blocks` writes the view blocks for a number of shards).
+
+The shard of a name is decided by its last character, which CoreDNS's expression language can test with a
+regular expression (there is no hash function in it): a single-label name (no dot, what Kubernetes node names
+usually are) whose last character is in shard *k*'s set belongs to shard *k*; names with a dot always stay in
+shard 0, so that a view never takes a cluster-internal query (``x.svc.cluster.local.``) away from the main
+block. Node names that end in digits (``edge-gpu-1234``) spread evenly over the digits' shards; each shard is
+checked against the ConfigMap limit before it is written (see ``raven/kube``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, render
+
+# A name's last character is one of these (RFC 1123: letters, digits; names are lower case here).
+LAST_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
+MAX_SHARDS = 10  # the digits each get a shard at most; letters go round the same shards
+HEADER_BYTES = 4096  # room for a file's comment lines
+
+
+def shard_of(name: str, shards: int) -> int:
+    """The shard that holds ``name`` (0 .. shards-1)."""
+    if shards <= 1 or "." in name or not name:
+        return 0
+    index = LAST_CHARS.find(name[-1])
+    return 0 if index < 0 else index % shards
+
+
+def shard_chars(shard: int, shards: int) -> str:
+    """The last characters of the single-label names in ``shard``."""
+    return "".join(c for i, c in enumerate(LAST_CHARS) if i % shards == shard)
+
+
+def view_regex(shard: int, shards: int) -> str:
+    """The regular expression (RE2 and Python alike) on the query name, with its root dot, for ``shard`` >= 1."""
+    return f"^[a-z0-9-]*[{shard_chars(shard, shards)}]\\.$"
+
+
+def split(names: Iterable[str], shards: int) -> list[list[str]]:
+    out: list[list[str]] = [[] for _ in range(max(1, shards))]
+    for name in names:
+        out[shard_of(name, shards)].append(name)
+    return out
+
+
+def render_shards(names: Iterable[str], addresses: Sequence[str], shards: int,
+                  writer: str = "raven gateway") -> list[str]:
+    """One hosts file per shard (see :func:`raven.dns.hosts.render`)."""
+    return [render(part, addresses, writer) for part in split(names, shards)]
+
+
+def line_bytes(name: str, addresses: Sequence[str]) -> int:
+    """Bytes of ``name``'s lines in a hosts file: ``<address>\\t<name>\\n`` per service address."""
+    return sum(len(a) + len(name) + 2 for a in addresses)
+
+
+def ceiling(addresses: Sequence[str], name_length: int, limit: int = CONFIGMAP_MAX_BYTES) -> int:
+    """How many names of ``name_length`` characters one ConfigMap holds with these service addresses."""
+    per_name = line_bytes("x" * name_length, addresses)
+    return (limit - HEADER_BYTES) // max(1, per_name)
+
+
+def corefile_blocks(shards: int, path: str = "/etc/edge-shard-{k}/tunnel-nodes") -> str:
+    """The CoreDNS server blocks for shards 1 .. shards-1 (shard 0 is the main block's ``hosts`` plugin)."""
+    blocks = []
+    for k in range(1, shards):
+        blocks.append(
+            f".:53 {{\n"
+            f"    view raven-shard-{k} {{\n"
+            f"        expr name() matches '{view_regex(k, shards)}'\n"
+            f"    }}\n"
+            f"    errors\n"
+            f"    hosts {path.format(k=k)} {{\n"
+            f"        ttl 30\n"
+            f"        reload 10s\n"
+            f"        fallthrough\n"
+            f"    }}\n"
+            f"    forward . /etc/resolv.conf\n"
+            f"    cache 30\n"
+            f"}}\n"
+        )
+    return "\n".join(blocks)
