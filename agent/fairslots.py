@@ -4,19 +4,38 @@ Each node gets at most ``limit`` requests (HTTP or TCP) at once from this agent.
 opaque fairness key) holds at most ``per_key`` of them, so one stalled or hostile client cannot take a node
 from everybody else. Streams that must wait queue per client, and a freed slot goes to the next client in
 turn (round robin), not to whoever asked most. The queue is bounded; a waiter that leaves (its stream was
-reset, its deadline passed) leaves the queue. Pure asyncio futures, no polling.
+reset, its deadline passed) leaves the queue. A waiter may also say how to tell that nobody wants it any more
+(``gone``: its stream was reset, its client left): such a waiter is never handed a slot, even when the news
+arrived in the same loop turn as the free slot and its task has not run yet; it is dropped from the queue and
+told so (:class:`Abandoned`), and the slot goes to the next waiter in turn. Pure asyncio futures, no polling.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from raven.errors import RavenError
 
 
 class QueueFull(RavenError):
     """Too many requests are already waiting for this node."""
+
+
+class Abandoned(RavenError):
+    """The waiter's request was abandoned (its ``gone`` said so) while it waited: it was given no slot."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    fut: asyncio.Future[None]
+    gone: Callable[[], bool] | None
+
+    def dead(self) -> bool:
+        """Nobody waits for this any more: cancelled, or abandoned by its request."""
+        return self.fut.done() or (self.gone is not None and self.gone())
 
 
 class FairSlots:
@@ -27,7 +46,7 @@ class FairSlots:
         self.active = 0
         self.held: dict[str, int] = {}
         self.waiting = 0
-        self._queues: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
 
     @property
     def idle(self) -> bool:
@@ -47,19 +66,25 @@ class FairSlots:
             return True
         return False
 
-    async def acquire(self, key: str) -> None:
-        """Take a slot for ``key``; wait in ``key``'s queue when none is free (cancel the wait to leave)."""
+    async def acquire(self, key: str, gone: Callable[[], bool] | None = None) -> None:
+        """Take a slot for ``key``; wait in ``key``'s queue when none is free (cancel the wait to leave).
+
+        ``gone()`` says whether the request still wants its slot; one that is gone when its turn comes is dropped
+        from the queue and raises :class:`Abandoned` instead of taking a slot.
+        """
         if self.try_acquire(key):
             return
         if self.waiting >= self.max_waiting:
-            raise QueueFull(f"{self.waiting} requests already waiting")
+            self._drop_dead()  # abandoned waiters whose tasks have not run yet hold no place in a full queue
+            if self.waiting >= self.max_waiting:
+                raise QueueFull(f"{self.waiting} requests already waiting")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, deque()).append(fut)
+        self._queues.setdefault(key, deque()).append(_Waiter(fut, gone))
         self.waiting += 1
         try:
             await fut
         except BaseException:
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release(key)  # granted just as the waiter left: hand the slot on
             else:
                 self._forget(key, fut)
@@ -67,10 +92,28 @@ class FairSlots:
 
     def _forget(self, key: str, fut: asyncio.Future[None]) -> None:
         queue = self._queues.get(key)
-        if queue is not None and fut in queue:
-            queue.remove(fut)
-            self.waiting -= 1
-            if not queue:
+        if queue is None:
+            return
+        for waiter in queue:
+            if waiter.fut is fut:
+                queue.remove(waiter)
+                self.waiting -= 1
+                if not queue:
+                    del self._queues[key]
+                return
+
+    def _drop_dead(self) -> None:
+        """Take every waiter that is cancelled or abandoned out of the queue (and tell the abandoned ones)."""
+        for key in list(self._queues):
+            queue = self._queues[key]
+            live = deque(w for w in queue if not w.dead())
+            for waiter in queue:
+                if waiter.dead():
+                    self.waiting -= 1
+                    _abandon(waiter)
+            if live:
+                self._queues[key] = live
+            else:
                 del self._queues[key]
 
     def resize(self, limit: int, per_key: int) -> None:
@@ -97,11 +140,17 @@ class FairSlots:
             else:
                 return  # every waiting client is at its share
             queue = self._queues.pop(key)
-            fut = queue.popleft()
+            waiter = queue.popleft()
             self.waiting -= 1
             if queue:
                 self._queues[key] = queue  # to the back of the line: round robin
-            if fut.done():
-                continue  # its waiter was cancelled and has not run yet: skip it
+            if waiter.dead():
+                _abandon(waiter)  # cancelled and not run yet, or its request is gone: never given a slot
+                continue
             self._take(key)
-            fut.set_result(None)
+            waiter.fut.set_result(None)
+
+
+def _abandon(waiter: _Waiter) -> None:
+    if not waiter.fut.done():
+        waiter.fut.set_exception(Abandoned("the request was abandoned while it waited"))

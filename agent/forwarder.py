@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agent.checks import Policy, Refused, Request, check_open
-from agent.fairslots import FairSlots, QueueFull
+from agent.fairslots import Abandoned, FairSlots, QueueFull
 from agent.upstream import (
     IDLE_TIMEOUT,
     MAX_CONNECTIONS,
@@ -173,7 +173,10 @@ class Forwarder:
             try:
                 if not slots.try_acquire(req.client):  # the common case takes a free slot without a timer
                     async with asyncio.timeout(req.timeout):
-                        await slots.acquire(req.client)
+                        await slots.acquire(req.client, gone=lambda: stream.finished)
+            except Abandoned:
+                self._gone(stream)  # reset while it waited: dropped from the queue, never dialled
+                return
             except QueueFull as exc:
                 self._refuse(stream, Refused("queue-full", f"node {node} is busy: {exc}", wire.ResetCode.LIMIT))
                 return
@@ -182,9 +185,17 @@ class Forwarder:
                                              f"{node}", wire.ResetCode.TIMEOUT))
                 return
             except asyncio.CancelledError:
-                self._cancelled(stream)
+                if stream.finished:
+                    self._gone(stream)  # reset while it waited: out of the queue, never dialled
+                else:
+                    self._cancelled(stream)
                 raise
             try:
+                # A RESET that came with the OPEN, or in the loop turn that freed this slot, is known here before
+                # its callback has cancelled this task: the node is not dialled for a request nobody waits for.
+                if stream.finished:
+                    self._gone(stream)
+                    return
                 await serve(stream, req)
             finally:
                 slots.release(req.client)
@@ -192,6 +203,15 @@ class Forwarder:
             stream.close()
             if slots.idle and self._slots.get(node) is slots:
                 del self._slots[node]
+
+    def _gone(self, stream: Stream) -> None:
+        """The stream ended (its client left) before it had a slot: counted, never dialled."""
+        frame = stream.open
+        err = stream.reset_error
+        log.debug("stream to %s ended by the gateway before it was served: %s", frame.node,
+                  "closed" if err is None else err.reason)
+        kind = "http" if frame.kind == wire.StreamKind.HTTP else "tcp"
+        self.metrics.requests.labels(frame.node, kind, "abandoned").inc()
 
     def _cancelled(self, stream: Stream) -> None:
         """The serving task was cancelled: by a RESET from the gateway, or because the agent stops."""

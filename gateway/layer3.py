@@ -10,6 +10,10 @@
   matters where the active agent's node holds the pool's floating LAN address (``layer3.lan_address``).
 - What is routed to a pool is its configured CIDRs ∩ the active agent's certificate (``urn:raven:cidr:``) ∩ what it
   announced; routes to those go through the device (installed while the pool has an active agent).
+- Only an agent that carries the pool's configured ranges is a candidate: what it would route (that intersection)
+  must not be empty, and an agent that carries strictly less of them than another candidate is never chosen (a
+  fuller one that arrives takes the pool from it). So no certificate can black-hole a pool: not one naming the
+  pool with another range (it is refused), nor a narrower one that connected first while the others restarted.
 - A packet from a pool must come from that pool's routed CIDRs (else dropped as ``spoofed``); its destination is
   the cloud (written to the device) or, where the pair is allowed, another pool's active agent.
 - Packets read from the device in one loop turn go as one batch; a congested session drops them (``queue-full``):
@@ -40,7 +44,7 @@ MAX_ANNOUNCED = 64  # CIDRs one agent may announce for its pool (a ROUTES frame 
 class Candidate:
     """An agent session that announced layer-3 CIDRs for a pool."""
 
-    __slots__ = ("agent", "allowed", "announced", "announced_raw", "claims", "live", "own", "pool")
+    __slots__ = ("agent", "allowed", "announced", "announced_raw", "claims", "live", "own", "pool", "routed")
 
     def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: Policy,
                  announced_raw: tuple[str, ...] = ()) -> None:
@@ -50,6 +54,7 @@ class Candidate:
         self.announced = announced
         self.allowed = allowed  # announced ∩ certificate (the configuration is applied by the policy)
         self.own = own  # the policy as if this agent were the pool's active one: its own sources
+        self.routed = own.allowed(pool)  # what the pool's routes would be with it active: config ∩ allowed
         self.live = True  # False once withdrawn, refused or its session ended: its packets are dropped
         self.claims = False  # it says it carries its pool now (through this replica or another)
 
@@ -134,13 +139,22 @@ class GatewayLayer3:
         except l3policy.PolicyError as exc:
             self._refuse(agent, f"its CIDRs cannot be routed: {exc}")
             return
+        if not own.allowed(pool):
+            configured = ", ".join(self.cfg.pools[pool].cidrs) or "none"
+            self._refuse(agent, f"it carries none of pool {pool!r}'s configured CIDRs ({configured}): it announces "
+                                f"{', '.join(announced)} and its certificate allows {', '.join(agent.cidrs)}; "
+                                "it is not a candidate")
+            return
         if was_active and current is not None and current.agent is agent:
-            # The active agent announced again: it stays active, with what it announces now.
+            # The active agent announced again: it stays active, with what it announces now (unless another
+            # candidate now carries more of the pool).
             current.announced, current.allowed, current.own = announced, allowed, own
             current.announced_raw, current.claims = frame.cidrs, frame.active
+            current.routed = own.allowed(pool)
             self._log.info(agent.agent, "l3-announce", "layer3: agent %s (pool %s) announced again: %s", agent.agent,
                            pool, ", ".join(announced))
             self._rebuild()
+            self._settle(pool)
             return
         if was_active:
             self.detach(agent, quiet=True)  # it moved to another pool: let the old one elect again
@@ -180,6 +194,11 @@ class GatewayLayer3:
         self.detach(agent, quiet=True)  # what it held before this announcement goes too
         self._log.warning(agent.agent, "l3-refused", "layer3: not routing for agent %s: %s", agent.agent, reason)
 
+    def _eligible(self, pool: str) -> list[Candidate]:
+        """The pool's candidates that may be active: live, and none carries strictly more of the pool than they."""
+        usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
+        return [c for c in usable if not any(l3policy.carries_more(o.routed, c.routed) for o in usable)]
+
     @staticmethod
     def _preferred(usable: list[Candidate]) -> Candidate | None:
         """The candidate that says it carries the pool (the lowest name among several), if any."""
@@ -189,19 +208,28 @@ class GatewayLayer3:
     def _settle(self, pool: str) -> None:
         """Follow the agent that carries the pool elsewhere, if it is not this replica's active one."""
         current = self.active.get(pool)
-        usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
-        preferred = self._preferred(usable)
-        if current is None or preferred is None or preferred is current:
+        if current is None:
+            return
+        eligible = self._eligible(pool)
+        preferred = self._preferred(eligible)
+        if current not in eligible:
+            fuller = next((c for c in eligible if l3policy.carries_more(c.routed, current.routed)), None)
+            if fuller is not None:
+                log.warning("layer3: agent %s carries more of pool %s (%s) than the active %s (%s): it takes over",
+                            fuller.agent.agent, pool, ", ".join(map(str, fuller.routed)), current.agent.agent,
+                            ", ".join(map(str, current.routed)))
+        elif preferred is None or preferred is current:
             return  # nobody claims, or this replica's choice is the one (the lowest name among claimants)
+        else:
+            log.info("layer3: agent %s carries pool %s through another replica: following it (instead of %s)",
+                     preferred.agent.agent, pool, current.agent.agent)
         del self.active[pool]
         self.metrics.l3_active.labels(pool, current.agent.agent).set(0)
         self._tell(current, active=False)
-        log.info("layer3: agent %s carries pool %s through another replica: following it (instead of %s)",
-                 preferred.agent.agent, pool, current.agent.agent)
         self._elect(pool)
 
     def _elect(self, pool: str) -> None:
-        usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
+        usable = self._eligible(pool)
         if usable:
             chosen = self._preferred(usable) or usable[0]
             self.active[pool] = chosen

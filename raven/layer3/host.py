@@ -1,7 +1,9 @@
 """What one Raven process installs on its host for layer 3, and removes again: shared by gateway and agent.
 
 The TUN device (read in batches into ``on_packets``), the routes through it in the main table (only ones through
-this device: a second agent of a pool on the same node keeps its own), the forwarding sysctls. :meth:`route`
+this device: a second agent of a pool on the same node keeps its own), the sysctls: the device's own (loose
+rp_filter) kept by this process, forwarding shared with the other Raven processes of the namespace
+(:mod:`raven.layer3.sharedsysctls`: set by the first, put back by the last). :meth:`route`
 makes the device's routes a wanted set, retrying a change that failed while it is still wanted (at a clean
 handover between two agents on one node, the stopping one withdraws its route to the same CIDR a moment after the
 other was made active). Packets for the device collect during a loop turn and are written in one batch.
@@ -19,6 +21,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from raven.layer3.errors import Layer3Error
 from raven.layer3.policy import Drop
 from raven.layer3.routes import Route, RouteManager, Sysctls, forwarding_sysctls
+from raven.layer3.sharedsysctls import SharedSysctls
 from raven.layer3.tun import TunDevice, other_tun_devices
 
 log = logging.getLogger("raven.layer3.host")
@@ -41,7 +44,8 @@ class Layer3Host:
         self.on_write = on_write  # told each batch before it is written (metrics)
         self.device: TunDevice | None = None
         self.routes = RouteManager([MAIN_TABLE], devices=[device])  # its own device's routes only
-        self.sysctls = Sysctls()
+        self.sysctls = Sysctls()  # the device's own settings
+        self.shared: SharedSysctls | None = None  # forwarding, shared with the namespace's other Raven processes
         self.wanted: tuple[str, ...] = ()
         self._install_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # a new wanted set: cuts a retry's backoff short
@@ -55,7 +59,11 @@ class Layer3Host:
         self.device = await TunDevice.open(self.name, addresses=self.addresses, mtu=self.mtu)
         try:
             if self.manage_sysctls:
-                for key, value in forwarding_sysctls(self.name, self.ipv6):
+                wanted = forwarding_sysctls(self.name, self.ipv6)
+                own = [(k, v) for k, v in wanted if f".conf.{self.name}." in k]
+                self.shared = SharedSysctls(self.sysctls.read, self.sysctls.write)
+                self.shared.acquire([kv for kv in wanted if kv not in own])  # logged there
+                for key, value in own:
                     self.sysctls.ensure(key, value)  # logged there; restored on exit where Raven changed it
             await self.routes.reconcile([], [])  # a restart after a crash: this device's stale routes go
         except BaseException:
@@ -64,8 +72,8 @@ class Layer3Host:
         self.device.start(on_packets, self.batch)
 
     async def close(self) -> None:
-        """Stop reading, remove the routes, put the sysctls back (forwarding only if no other tunnel device in the
-        namespace still routes through it), remove the device."""
+        """Stop reading, remove the routes, put the sysctls back (forwarding only if this is the last Raven process
+        of the namespace and no other tunnel device still routes through it), remove the device."""
         if self.device is None:
             return
         self.device.stop()
@@ -83,7 +91,12 @@ class Layer3Host:
         except (OSError, NetlinkError) as exc:
             log.warning("layer3: cannot list the other tunnel devices (%s): leaving forwarding as it is", exc)
             others = ["?"]
-        self.sysctls.restore(keep_shared=bool(others))  # logged there
+        self.sysctls.restore()  # the device's own; logged there
+        if self.shared is not None:
+            try:
+                self.shared.release(keep=bool(others))  # the last Raven process here puts forwarding back
+            except Layer3Error as exc:
+                log.warning("layer3: forwarding left as it is: %s", exc)
         await self.device.close()
         self.device = None
 

@@ -80,6 +80,22 @@ def intersect(configured: Iterable[str | Network], allowed: Iterable[str | Netwo
     return collapse(pieces)
 
 
+def covers(outer: Iterable[str | Network], inner: Iterable[str | Network]) -> bool:
+    """Whether every address of ``inner`` lies in ``outer`` (either may be several CIDRs, nested or not)."""
+    inner_nets = collapse(network(n) for n in inner)
+    return _size(intersect(inner_nets, outer)) == _size(inner_nets)
+
+
+def carries_more(a: Iterable[str | Network], b: Iterable[str | Network]) -> bool:
+    """Whether ``a`` holds every address of ``b`` and more."""
+    a_nets, b_nets = collapse(network(n) for n in a), collapse(network(n) for n in b)
+    return covers(a_nets, b_nets) and _size(a_nets) > _size(b_nets)
+
+
+def _size(nets: list[Network]) -> int:
+    return sum(n.num_addresses for n in collapse(nets))
+
+
 def collapse(nets: Iterable[Network]) -> list[Network]:
     """Sorted, without any network contained in another of the list."""
     nets = list(nets)

@@ -336,6 +336,10 @@ class Sysctls:
         path = _sysctl_path(key)
         _netns.call_in(self.netns, lambda: path.write_text(value + "\n"))
 
+    def write(self, key: str, value: str) -> None:
+        """Set ``key`` (no record kept: for :class:`raven.layer3.sharedsysctls.SharedSysctls`)."""
+        self._write(key, value)
+
     def ensure(self, key: str, value: str) -> bool:
         """Set ``key`` to ``value`` if it differs; True if it was changed."""
         try:

@@ -111,9 +111,16 @@ async def test_on_the_gateway_node_itself_nothing_is_installed(bed: Bed) -> None
         cwd=str(ROOT), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         stderr=asyncio.subprocess.PIPE,
     )
-    await asyncio.sleep(1.0)
+    # Until it has said so (a fixed sleep was too short on a loaded machine: SIGTERM came before its handler).
+    assert proc.stderr is not None
+    seen = b""
+    async with asyncio.timeout(30):
+        while b"this node's own address" not in seen:
+            line = await proc.stderr.readline()
+            assert line, f"raven routes exited early: {seen.decode()}"
+            seen += line
     assert bed.gw.raven_routes() == [] and bed.gw.rules(RAVEN_TABLE) == []
-    assert "this node's own address" in await _stop(proc)
+    await _stop(proc)
 
 
 async def test_bad_settings_exit_2_naming_the_field(bed: Bed) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.fairslots import FairSlots
+import pytest
+
+from agent.fairslots import Abandoned, FairSlots, QueueFull
 
 
 async def test_try_acquire_takes_free_slots_within_the_share() -> None:
@@ -30,3 +32,62 @@ async def test_try_acquire_does_not_jump_the_queue() -> None:
     assert slots.held == {"b": 1}
     slots.release("b")
     assert slots.idle and slots.try_acquire("c")
+
+
+async def test_an_abandoned_waiter_is_never_granted_a_slot() -> None:
+    """A waiter whose request is gone (its RESET arrived in the same loop turn as the free slot, before its task
+    was cancelled) is dropped and told so; the slot goes to the next waiter, and the counts stay exact."""
+    slots = FairSlots(limit=1, per_key=1, max_waiting=4)
+    assert slots.try_acquire("a")
+    gone = {"b": False, "c": False}
+    b = asyncio.ensure_future(slots.acquire("b", gone=lambda: gone["b"]))
+    c = asyncio.ensure_future(slots.acquire("c", gone=lambda: gone["c"]))
+    await asyncio.sleep(0)
+    assert slots.waiting == 2
+    gone["b"] = True  # b's stream is reset; its task has not been told yet
+    slots.release("a")
+    assert slots.held == {"c": 1} and slots.active == 1 and slots.waiting == 0
+    with pytest.raises(Abandoned):
+        await b
+    await c
+    slots.release("c")
+    assert slots.idle and slots.held == {}
+
+
+async def test_a_full_queue_makes_room_by_dropping_abandoned_waiters() -> None:
+    slots = FairSlots(limit=1, per_key=1, max_waiting=2)
+    assert slots.try_acquire("a")
+    gone = {"b": False, "c": False}
+
+    def wait(key: str) -> asyncio.Future[None]:
+        return asyncio.ensure_future(slots.acquire(key, gone=lambda: gone[key]))
+
+    waiters = [wait("b"), wait("c")]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull):
+        await slots.acquire("d")
+    gone["b"] = True
+    d = asyncio.ensure_future(slots.acquire("d"))
+    await asyncio.sleep(0)
+    assert slots.waiting == 2  # c and d: b was dropped
+    with pytest.raises(Abandoned):
+        await waiters[0]
+    slots.release("a")
+    await waiters[1]
+    slots.release("c")
+    await d
+    slots.release("d")
+    assert slots.idle
+
+
+async def test_a_cancelled_waiter_leaves_the_counts_exact() -> None:
+    slots = FairSlots(limit=1, per_key=1, max_waiting=4)
+    assert slots.try_acquire("a")
+    b = asyncio.ensure_future(slots.acquire("b", gone=lambda: False))
+    await asyncio.sleep(0)
+    b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await b
+    assert slots.waiting == 0
+    slots.release("a")
+    assert slots.idle

@@ -187,3 +187,39 @@ def test_an_agent_back_after_a_failure_does_not_take_its_pool_back() -> None:
     back = agent("agent-a")  # a new session of agent-a, which carries nothing now
     claims(l3, back, False)
     assert l3.active["site-a"].agent is b and not told_active(back)
+
+
+def test_an_agent_of_the_pool_with_another_range_is_no_candidate_and_cannot_black_hole_it() -> None:
+    """Its certificate names site-a but carries site b's range: refused whether it comes first or later."""
+    l3, _ = runtime()
+    stray = agent("stray", cidrs=("10.30.0.0/16",))
+    l3.on_routes(stray, wire.Routes(("10.30.0.0/16",), pool="site-a"))  # first, while the real agents restart
+    assert "site-a" not in l3.active and not l3.candidates["site-a"]
+    a = agent("a")
+    l3.on_routes(a, wire.Routes(("10.20.0.0/16",), pool="site-a"))
+    l3.on_routes(stray, wire.Routes(("10.30.0.0/16",), pool="site-a"))
+    stray_claims = wire.Routes(("10.30.0.0/16",), pool="site-a", active=True)  # says it carries the pool
+    l3.on_routes(stray, stray_claims)
+    assert l3.active["site-a"].agent is a
+    assert [c.agent.agent for c in l3.candidates["site-a"]] == ["a"]
+    assert [str(n) for n in l3.policy.allowed("site-a")] == ["10.20.0.0/16"]
+    assert l3.host.wanted == ("10.20.0.0/16",)
+
+
+def test_an_agent_that_carries_less_of_the_pool_gives_way_to_one_that_carries_more() -> None:
+    l3, _ = runtime()
+    narrow = agent("narrow", cidrs=("10.20.7.0/24",))
+    full = agent("full", cidrs=("10.20.0.0/16", "10.21.0.0/16"))
+    l3.on_routes(narrow, wire.Routes(("10.20.7.0/24",), pool="site-a"))  # came first: carries what it can
+    assert l3.active["site-a"].agent is narrow and list(l3.host.wanted) == ["10.20.7.0/24"]
+    l3.on_routes(full, wire.Routes(("10.20.0.0/16", "10.21.0.0/16"), pool="site-a"))
+    assert l3.active["site-a"].agent is full
+    assert list(l3.host.wanted) == ["10.20.0.0/16", "10.21.0.0/16"]
+    told = narrow.session.control[-1]  # type: ignore[attr-defined]
+    assert isinstance(told, wire.Routes) and not told.active
+    # Its claim to carry the pool (through another replica) does not bring it back while the fuller one is here.
+    l3.on_routes(narrow, wire.Routes(("10.20.7.0/24",), pool="site-a", active=True))
+    assert l3.active["site-a"].agent is full
+    full.session.closed = True  # type: ignore[misc]
+    l3.detach(full)
+    assert l3.active["site-a"].agent is narrow  # the best there is now
