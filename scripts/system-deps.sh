@@ -3,7 +3,8 @@
 # CoreDNS's hosts plugin), Prometheus (scrapes edge nodes through the gateway), Debian's
 # node-exporter (a real exporter behind the edge), iproute2 (network namespaces), Chromium (the
 # status page, loaded headless), ping and iperf3 (layer 3 across network namespaces), and nftables (the
-# layer-3 testbed's edge routers masquerade their sites behind NAT).
+# layer-3 testbed's edge routers masquerade their sites behind NAT), and podman, buildah, runc and
+# debootstrap (tests/e2e/test_image.py builds the container image with scripts/image.sh and runs it).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -16,6 +17,10 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the status page is te
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)  # layer 3: ping across TUN devices
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)  # layer 3: throughput of the packet pump
 command -v nft >/dev/null 2>&1 || need+=(nftables)  # layer-3 testbed: NAT routers in front of the edge sites
+command -v podman >/dev/null 2>&1 || need+=(podman)  # the image: built and run (scripts/image.sh)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v runc >/dev/null 2>&1 || need+=(runc)  # crun refuses hosts with hybrid cgroups; runc does not
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)  # the image's base, from Debian packages
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

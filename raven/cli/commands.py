@@ -20,6 +20,7 @@ from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.layer3 import noderoutes
 from raven.lograte import BoundedLines
+from raven.protocol import wire
 
 log = logging.getLogger("raven")
 
@@ -310,7 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Raven: cloud Prometheus scrapes edge nodes behind NAT by Kubernetes node name, "
         "through mutually authenticated tunnels that edge agents dial out to the cloud gateway.",
     )
-    parser.add_argument("--version", action="version", version=f"raven {__version__}")
+    speaks = ", ".join(map(str, wire.SUPPORTED_VERSIONS))
+    parser.add_argument(
+        "--version", action="version", version=f"raven {__version__} (protocol {wire.PROTOCOL_VERSION}, speaks {speaks})"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     gw = sub.add_parser(
