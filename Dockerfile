@@ -1,11 +1,13 @@
-# Raven (raven-tunnel): one image for both services.
+# Raven (raven-tunnel): one image for both services. docs/image.md says how it is built and checked.
 #
-# The bases are arguments, so that no registry is needed: scripts/image.sh makes both from Debian packages
-# (debootstrap bookworm minbase + python3; the build base also has python3-venv) and builds with podman:
+# Built by scripts/image.sh (podman, as root): it makes both bases from Debian packages (debootstrap
+# bookworm: BUILD_IMAGE has python3-venv and binutils, BASE_IMAGE only what python3 needs at run time, no
+# shell) and downloads the dependencies' wheels into build/image-wheels/, so this build needs neither a
+# registry nor the network:
 #   bash scripts/image.sh
-# By hand, with bases of your own (any Debian/Ubuntu-like image with python3 >= 3.11 at /usr/bin/python3;
-# the build base also needs the venv module with ensurepip):
-#   podman build --build-arg BASE_IMAGE=... --build-arg BUILD_IMAGE=... -t raven-tunnel:0.1.0 .
+# With bases of your own: any Debian-like image with python3 3.11 at /usr/bin/python3 (the build base also
+# with the venv module and strip), and build/image-wheels/ filled as scripts/image.sh does:
+#   podman build --network none --build-arg BASE_IMAGE=... --build-arg BUILD_IMAGE=... -t raven-tunnel:0.1.0 .
 # Run: args ["gateway", "--config", "/etc/raven/gateway.yaml"] or ["agent", "--config", "/etc/raven/agent.yaml"].
 
 ARG BASE_IMAGE=localhost/raven-base:bookworm

@@ -96,6 +96,11 @@ else
     echo "image: making the base from Debian packages (debootstrap $suite, minbase + python3) ..."
     make_base "$base_build" "$base_run"
     echo "image: base $base_run made in $((SECONDS - start)) s"
+    # Bases of earlier recipes: no longer used (podman keeps any that an image still needs).
+    for old in $(podman images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/raven-base(-build)?:' \
+                 | grep -v -e "^$base_build\$" -e "^$base_run\$"); do
+        podman rmi "$old" >/dev/null 2>&1 || true
+    done
 fi
 
 # ---------------------------------------------------------------- the wheels

@@ -312,9 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         "through mutually authenticated tunnels that edge agents dial out to the cloud gateway.",
     )
     speaks = ", ".join(map(str, wire.SUPPORTED_VERSIONS))
-    parser.add_argument(
-        "--version", action="version", version=f"raven {__version__} (protocol {wire.PROTOCOL_VERSION}, speaks {speaks})"
-    )
+    version = f"raven {__version__} (protocol {wire.PROTOCOL_VERSION}, speaks {speaks})"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     gw = sub.add_parser(

@@ -92,11 +92,11 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return proc
 
 
-def run_in_image(*args: str, python: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`podman run --rm` of the image; with ``python``, the image's own interpreter runs that code."""
+def run_in_image(opts: list[str], *command: str, python: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`podman run --rm` of the image with ``opts``; with ``python``, the image's own interpreter runs it."""
     entry = ["--entrypoint", "/opt/raven/bin/python"] if python is not None else []
-    tail = ["-c", python] if python is not None else []
-    return podman("run", "--rm", *entry, *args, IMAGE, *tail, timeout=timeout, check=False)
+    tail = ["-c", python] if python is not None else list(command)
+    return podman("run", "--rm", *opts, *entry, IMAGE, *tail, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_image_is_locked_down_and_holds_no_build_tools(image: str) -> None:
     assert config["Entrypoint"] == ["raven"]
     assert config.get("StopSignal", "SIGTERM") in ("SIGTERM", "15")  # the services drain on it
 
-    version = run_in_image(*LOCKED, "--network", "none", "--version")
+    version = run_in_image([*LOCKED, "--network", "none"], "--version")
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == (
         f"raven {__version__} (protocol {wire.PROTOCOL_VERSION}, speaks "
@@ -129,7 +129,7 @@ def test_image_is_locked_down_and_holds_no_build_tools(image: str) -> None:
     )
 
     # With the image's own user and no --user: the same, so a pod without runAsUser is non-root too.
-    seen = run_in_image("--read-only", "--cap-drop", "ALL", "--network", "none", python=INSPECT)
+    seen = run_in_image(["--read-only", "--cap-drop", "ALL", "--network", "none"], python=INSPECT)
     assert seen.returncode == 0, seen.stderr
     facts = json.loads(seen.stdout)
     assert (facts["uid"], facts["gid"]) == (65532, 65532)
@@ -155,9 +155,9 @@ def test_layer3_needs_net_admin_and_nothing_more(image: str) -> None:
     # As deploy/components/layer3-gateway runs it: root, every capability dropped but NET_ADMIN.
     base = ["--read-only", "--security-opt", "no-new-privileges", "--user", "0:0", "--network", "none",
             "--device", "/dev/net/tun", "--cap-drop", "ALL"]
-    ok = run_in_image(*base, "--cap-add", "NET_ADMIN", python=TUN)
+    ok = run_in_image([*base, "--cap-add", "NET_ADMIN"], python=TUN)
     assert ok.returncode == 0 and ok.stdout.strip() == "tun ok", ok.stdout + ok.stderr
-    refused = run_in_image(*base, python=TUN)
+    refused = run_in_image(base, python=TUN)
     assert refused.returncode == 0 and refused.stdout.startswith("refused: cannot create TUN device raven0"), (
         refused.stdout + refused.stderr)
 
