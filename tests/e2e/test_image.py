@@ -119,7 +119,7 @@ def test_image_is_locked_down_and_holds_no_build_tools(image: str) -> None:
     config = json.loads(podman("image", "inspect", image).stdout)[0]["Config"]
     assert config["User"] == "65532:65532"
     assert config["Entrypoint"] == ["raven"]
-    assert config.get("StopSignal", "SIGTERM") in ("SIGTERM", "15")  # the services drain on it
+    assert config["StopSignal"] == "SIGTERM"  # the services drain on it
 
     version = run_in_image([*LOCKED, "--network", "none"], "--version")
     assert version.returncode == 0, version.stderr
@@ -275,6 +275,10 @@ def test_gateway_and_agent_containers_carry_a_scrape_and_drain(
             time.sleep(0.5)
         assert status == 200, f"{status} {body[:300]}\n{logs(names['gateway'])}\n{logs(names['agent'])}"
         assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0"' in body and 'Hostname="edge-gpu-1"' in body
+        # Proxy mode too, as Prometheus's proxy_url sends it (the token as the proxy password).
+        proxy = urllib.request.ProxyHandler({"http": f"http://prometheus:{token}@127.0.0.1:{ports['front']}"})
+        with urllib.request.build_opener(proxy).open(f"http://edge-gpu-1:{node_port}/metrics", timeout=10) as r:
+            assert r.status == 200 and 'DCGM_FI_DEV_GPU_UTIL{gpu="1"' in r.read().decode()
         # The front end's token is required: without it, a refusal and no metrics.
         refused, body = get(front, {"Host": f"edge-gpu-1:{node_port}"})
         assert refused == 401 and "DCGM" not in body, (refused, body[:300])
