@@ -11,6 +11,7 @@ fails); on a machine where it can, a failed build fails the test.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -33,7 +34,8 @@ from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-IMAGE = f"localhost/raven-tunnel:{__version__}-test"
+# A tag per work tree: two trees testing at once on one machine do not run each other's image.
+IMAGE = f"localhost/raven-tunnel:{__version__}-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 CONF = Path("/tmp/raven-podman/containers.conf")  # written by scripts/image.sh (ulimits, runc)
 SIZE_GOAL = 150 * 1000 * 1000
 # The user a pod's securityContext gives it, and what an admission policy asks of every container.
