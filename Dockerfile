@@ -1,45 +1,66 @@
-# syntax=docker/dockerfile:1
+# Raven (raven-tunnel): one image for both services. docs/image.md says how it is built and checked.
 #
-# Raven (raven-tunnel): one image for both services.
-#   docker build -t raven-tunnel:0.1.0 .
-#   docker run --rm raven-tunnel:0.1.0 --help
-#   gateway: args ["gateway", "--config", "/etc/raven/gateway.yaml"]   agent: ["agent", "--config", "/etc/raven/agent.yaml"]
-# Needs BuildKit (the default builder since Docker 23) for the bind mount in the runtime stage.
+# Built by scripts/image.sh (podman, as root): it makes both bases from Debian packages (debootstrap
+# bookworm: BUILD_IMAGE has python3-venv and binutils, BASE_IMAGE only what python3 needs at run time, no
+# shell) and downloads the dependencies' wheels into build/image-wheels/, so this build needs neither a
+# registry nor the network:
+#   bash scripts/image.sh
+# With bases of your own: any Debian-like image with python3 3.11 at /usr/bin/python3 (the build base also
+# with the venv module and strip), and build/image-wheels/ filled as scripts/image.sh does:
+#   podman build --network none --build-arg BASE_IMAGE=... --build-arg BUILD_IMAGE=... -t raven-tunnel:0.1.0 .
+# Run: args ["gateway", "--config", "/etc/raven/gateway.yaml"] or ["agent", "--config", "/etc/raven/agent.yaml"].
 
-ARG PYTHON_IMAGE=python:3.11-slim
+ARG BASE_IMAGE=localhost/raven-base:bookworm
+ARG BUILD_IMAGE=${BASE_IMAGE}
 
-# ---------------------------------------------------------------- builder: wheels only
-FROM ${PYTHON_IMAGE} AS builder
+# ---------------------------------------------------------------- builder: a venv in /opt/raven
+FROM ${BUILD_IMAGE} AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 
+# The wheels of every dependency, and of pip, setuptools and wheel: scripts/image.sh downloads them with
+# the host's pip (for CPython 3.11 on x86_64), so this build needs no network.
+COPY build/image-wheels /wheels
+
+# pip lives in a venv of its own (/opt/pip), Raven in one without pip (/opt/raven): only the latter
+# reaches the runtime stage. setuptools and wheel build Raven's own wheel (no build isolation, no download).
+RUN python3 -m venv /opt/pip \
+    && /opt/pip/bin/pip install --no-index --find-links=/wheels --upgrade "pip>=23.1" "setuptools>=68" wheel \
+    && python3 -m venv --without-pip /opt/raven
+
+# The dependencies first (the list is pyproject.toml's, in the wheels folder): a change to Raven's code keeps
+# this layer. Wheels only (no compiler here or anywhere); their shared objects lose their debug symbols
+# (uvloop's alone carries 11 MB of them) and their Cython sources and C headers go: nothing at run time
+# reads them.
+RUN /opt/pip/bin/pip --python /opt/raven/bin/python install --no-index --find-links=/wheels \
+        -r /wheels/requirements.txt \
+    && find /opt/raven -name '*.so' -exec strip --strip-unneeded {} + \
+    && find /opt/raven/lib \( -name '*.pyx' -o -name '*.pxd' -o -name '*.c' -o -name '*.h' \) -delete
+
+# Then Raven itself (pyproject.toml names README.md as the long description).
 WORKDIR /src
-# Only what the package build needs (pyproject.toml names README.md as the long description).
 COPY pyproject.toml README.md ./
 COPY raven ./raven
 COPY gateway ./gateway
 COPY agent ./agent
-
-# The project's wheel plus a wheel of every runtime dependency (not the [dev] extra). All of them
-# ship manylinux wheels for CPython 3.11, so no compiler is needed.
-RUN pip wheel --wheel-dir /wheels .
+# .pyc files are compiled here, so the read-only root file system never needs to hold new ones.
+RUN /opt/pip/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
+    && /opt/pip/bin/pip --python /opt/raven/bin/python install --no-deps --no-index /tmp/dist/*.whl \
+    && /opt/raven/bin/python -m compileall -q /opt/raven/lib \
+    && /opt/raven/bin/raven --version
 
 # ---------------------------------------------------------------- runtime
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${BASE_IMAGE} AS runtime
 
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+COPY --from=builder /opt/raven /opt/raven
+
+ENV PATH=/opt/raven/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
-
-# Install from the builder's wheels only (no index: exactly what was built), without copying the wheels
-# into a layer. pip compiles the .pyc files at install time, so a read-only root file system is fine.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels raven-tunnel \
-    && raven --help >/dev/null
 
 LABEL org.opencontainers.image.title="raven-tunnel" \
       org.opencontainers.image.description="Cloud Prometheus scrapes edge Kubernetes nodes behind NAT by node name through tunnels" \
@@ -53,5 +74,6 @@ USER 65532:65532
 WORKDIR /tmp
 
 # SIGTERM (the default stop signal) makes either service drain and exit 0.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["raven"]
 CMD ["--help"]

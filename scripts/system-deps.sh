@@ -3,8 +3,9 @@
 # CoreDNS's hosts plugin), Prometheus (scrapes edge nodes through the gateway), Debian's
 # node-exporter (a real exporter behind the edge), iproute2 (network namespaces), Chromium (the
 # status page, loaded headless), ping and iperf3 (layer 3 across network namespaces), and nftables (the
-# layer-3 testbed's edge routers masquerade their sites behind NAT), and Node.js with npm (the Prometheus
-# Operator's and cert-manager's schema validators for the manifests, scripts/validators.sh).
+# layer-3 testbed's edge routers masquerade their sites behind NAT), Node.js with npm (the Prometheus
+# Operator's and cert-manager's schema validators for the manifests, scripts/validators.sh), and podman, buildah,
+# runc and debootstrap (tests/e2e/test_image.py builds the container image with scripts/image.sh and runs it).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -19,6 +20,10 @@ command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)  # layer 3: throughput of th
 command -v nft >/dev/null 2>&1 || need+=(nftables)  # layer-3 testbed: NAT routers in front of the edge sites
 command -v node >/dev/null 2>&1 || need+=(nodejs)  # manifests: CRD schema validators (tests/support/validators)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v podman >/dev/null 2>&1 || need+=(podman)  # the image: built and run (scripts/image.sh)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v runc >/dev/null 2>&1 || need+=(runc)  # crun refuses hosts with hybrid cgroups; runc does not
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)  # the image's base, from Debian packages
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

@@ -148,11 +148,18 @@ async def other_tun_devices(own: str, netns: str | None = None) -> list[str]:
 def _no_link_local(name: str) -> None:
     """No IPv6 link-local address on the device (addr_gen_mode 1, set while it is down): nothing on a routed
     point-to-point tunnel uses one, and without it the kernel sends no router solicitations or MLD reports
-    into the tunnel (which the other side could only drop). Nothing to do where IPv6 is off."""
+    into the tunnel (which the other side could only drop). Nothing to do where IPv6 is off. In a container
+    /proc/sys is read-only (podman, Kubernetes without privileged): the device then keeps its link-local
+    address, which costs those few dropped packets and nothing else, and that is said once in the log."""
     path = f"/proc/sys/net/ipv6/conf/{name}/addr_gen_mode"
     if os.path.exists(path):
-        with open(path, "w") as f:
-            f.write("1\n")
+        try:
+            with open(path, "w") as f:
+                f.write("1\n")
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            log.info("layer3: %s keeps its IPv6 link-local address (%s is read-only here)", name, path)
 
 
 async def _reconcile_link(ipr: AsyncIPRoute, name: str, want: Sequence[ipaddress.IPv4Interface |
