@@ -211,7 +211,7 @@ class Forwarder:
         log.debug("stream to %s ended by the gateway before it was served: %s", frame.node,
                   "closed" if err is None else err.reason)
         kind = "http" if frame.kind == wire.StreamKind.HTTP else "tcp"
-        self.metrics.requests.labels(frame.node, kind, "abandoned").inc()
+        self.metrics.requests.labels(kind, "abandoned").inc()
 
     def _cancelled(self, stream: Stream) -> None:
         """The serving task was cancelled: by a RESET from the gateway, or because the agent stops."""

@@ -164,7 +164,7 @@ async def test_a_stream_reset_before_it_is_served_is_never_dialled(node: tuple[C
     metrics = AgentMetrics()
 
     def abandoned() -> float:
-        labels = {"node": "edge-q-1", "kind": "http", "code": "abandoned"}
+        labels = {"kind": "http", "code": "abandoned"}
         return metrics.registry.get_sample_value("raven_agent_requests_total", labels) or 0.0
 
     forwarder = Forwarder(lambda: {"edge-q-1": host}, _policy(port), metrics, connect_timeout=5,
