@@ -46,6 +46,7 @@ from typing import cast
 import httptools
 
 from raven.errors import RavenError
+from raven.protocol.headers import IDEMPOTENT
 
 MAX_LINE = 8190  # status line (aiohttp's max_line_size)
 MAX_FIELD = 8190  # one header, name and value (aiohttp's max_field_size)
@@ -56,7 +57,6 @@ IDLE_TIMEOUT = 90.0  # seconds a pooled connection waits for its next request (t
 MAX_CONNECTIONS = 4096  # connections to nodes at once, all nodes together (the agent's upstream_max_connections)
 READ_HIGH = 256 * 1024  # body bytes buffered ahead of the reader: pause reading above, resume below LOW
 READ_LOW = 64 * 1024
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})  # others say Content-Length: 0 when empty
 _FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # as aiohttp: no control characters but TAB
 

@@ -50,14 +50,13 @@ from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
-from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED
+from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED, IDEMPOTENT
 from raven.transport.listener import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 
 # A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 _DROP = FORWARDED | {"host"}
 _DROP_WITH_AUTH = _DROP | {"authorization"}
 

@@ -21,6 +21,11 @@ FORWARDED = frozenset({
     "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-port", "x-forwarded-proto", "x-real-ip",
 })
 
+# Methods a client may send again after a failure without changing the outcome (RFC 9110 section 9.2.2): the
+# gateway retries such a request once on another agent when it failed before its response head, and the agent
+# once on a fresh connection when a reused one to the node died before answering; neither when it has a body.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
 # Raven's own headers: a client's are dropped at the gateway; the agent consumes them and forwards none.
 RAVEN_PREFIX = "x-raven-"
 DEADLINE_HEADER = "x-raven-timeout-ms"  # gateway -> agent: milliseconds left for this request
