@@ -30,6 +30,8 @@ import sys
 import aiohttp
 from aiohttp import web
 
+from tests.support.tcplb import pipe
+
 
 class ServiceBalancer:
     def __init__(self, address: str, ports: list[int], backends: list[str], probe_port: int, period: float) -> None:
@@ -91,7 +93,7 @@ class ServiceBalancer:
                 self.refused += 1
                 return
             self.connections[backend] += 1
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -99,16 +101,6 @@ class ServiceBalancer:
             for w in (writer, up_writer):
                 if w is not None:
                     w.close()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy one direction; a half close passes on (a FIN for a FIN), a reset ends the copy."""
-    with contextlib.suppress(OSError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ class TcpBalancer:
                     continue
             if up_writer is None:
                 return
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -54,7 +54,8 @@ class TcpBalancer:
                     w.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one direction; a half close passes on (a FIN for a FIN), a reset ends the copy."""
     with contextlib.suppress(OSError):
         while data := await reader.read(65536):
             writer.write(data)
