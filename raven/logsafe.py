@@ -29,8 +29,9 @@ _SECRET_FIELD = re.compile(
     r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-key|x-auth-token|private-token)"
     r"(['\"]?\s*[:=]\s*['\"]?)[^\r\n'\"\\)]+"
 )
-# An HTTP authentication scheme followed by its credentials, wherever it appears.
-_SCHEME = re.compile(r"\b(Bearer|Basic|bearer|basic|BEARER|BASIC)(\s+)[A-Za-z0-9\-._~+/]{6,}=*")
+# An HTTP authentication scheme followed by its credentials, wherever it appears: a token-like word (at least
+# 8 characters, not a plain lower-case word such as "bearer tokens" or "basic authentication").
+_SCHEME = re.compile(r"\b(Bearer|Basic|bearer|basic|BEARER|BASIC)(\s+)([A-Za-z0-9\-._~+/]{8,}=*)")
 # The user info of a URL (http://user:password@host).
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@'\"\\]*@")
 # A query string after a path or URL: everything up to white space, a quote, a fragment or an escape.
@@ -68,6 +69,13 @@ def escape(text: str) -> str:
     return _CONTROL.sub(_escape_char, text)
 
 
+def _scheme_value(match: re.Match[str]) -> str:
+    value = match.group(3)
+    if value.isalpha() and value.islower():
+        return match.group()  # a word of prose, not a credential
+    return f"{match.group(1)}{match.group(2)}{REDACTED}"
+
+
 def redact(text: str) -> str:
     """Credentials, cookies, URL user info, query strings and registered secrets replaced by <redacted>."""
     for source in list(_secret_sources):
@@ -80,7 +88,7 @@ def redact(text: str) -> str:
             if value and value in text:
                 text = text.replace(value, REDACTED)
     text = _SECRET_FIELD.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
-    text = _SCHEME.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    text = _SCHEME.sub(_scheme_value, text)
     text = _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
     return _QUERY.sub("?" + REDACTED, text)
 

@@ -154,11 +154,13 @@ class HostsPublisher:
         return ok
 
     async def run(self, resync: float = 60.0) -> None:
-        """Publish once ready, then after every change (debounced), every ``resync`` seconds anyway, and
-        with exponential backoff (up to 30 s) while publishing fails or the gateway is not ready yet."""
+        """Publish once ready (looked at every second until then), then after every change (debounced), every
+        ``resync`` seconds anyway, and with exponential backoff (up to 30 s) while publishing fails."""
         while True:
             self._dirty.clear()
-            if await self.publish_once():
+            if not self.ready():
+                wait = 1.0  # not a failure: published within a second of becoming ready
+            elif await self.publish_once():
                 self._failures = 0
                 wait = resync
             else:

@@ -210,6 +210,8 @@ class Testbed:
             "hosts": {"file": str(self.hosts_dir / "tunnel-nodes"), "service_addresses": [CLOUD_IP],
                       "debounce": 0.2},
             "ready_settle": 0.5,
+            # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
+            "ready_max_wait": 5,
             "drain_linger": 0.5,
             "drain_grace": 5,
         })

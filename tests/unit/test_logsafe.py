@@ -43,8 +43,12 @@ def test_registered_secrets_are_redacted_anywhere() -> None:
     assert TOKEN in logsafe.clean(f"GET /{TOKEN}/x")  # no longer registered: a plain path stays readable
 
 
-def test_plain_text_is_left_alone() -> None:
-    text = "node 'edge-gpu-7' (pool 'site-a') via agent agent-a-1: basic edge pool, why? 200"
+@pytest.mark.parametrize("text", [
+    "node 'edge-gpu-7' (pool 'site-a') via agent agent-a-1: basic edge pool, why? 200",
+    "front end: bearer tokens required (1 accepted)",
+    "basic authentication is not offered",
+])
+def test_plain_text_is_left_alone(text: str) -> None:
     assert logsafe.clean(text) == text
 
 
