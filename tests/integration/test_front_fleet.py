@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 NODES = 1100  # x 2 allowed ports: the gateway allows 1.25 x 2,200 = 2,750 authenticated connections per address
 KEEPALIVE = 2200  # beyond the old cap of 2,048 connections per client address
 ATTACKER = "127.0.10.60"
+STRANGER = "127.0.10.61"  # a third address: its own unauthenticated budget
 PROMETHEUS = "127.0.0.1"
 
 
@@ -184,7 +185,7 @@ async def test_prometheus_keepalive_connections_beyond_the_old_cap_all_scrape_du
         conns.append(fresh)
         assert (await exchange(*fresh, fleet.request("fleet-7")))[0] == 200
         # A wrong token does not make a connection an authenticated one: it is answered 401 and closed.
-        wrong = await connect(fleet, ATTACKER)
+        wrong = await connect(fleet, STRANGER)  # the attacker's own budget is used up (503)
         attack.append(wrong)
         status, _ = await exchange(*wrong, fleet.request("fleet-7", token="x" * 40))
         assert status == 401
