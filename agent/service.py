@@ -1,6 +1,9 @@
 """`raven agent`: dial the gateway, register this pool's nodes, serve streams, drain on SIGTERM.
 
 Size: the wiring of the agent (dial loops per replica, sessions, registration, Kubernetes, reload, drain).
+
+Why this module is long and not split: the dial loops, sessions and registrations share the agent's one
+view of its replicas; the dialler moving out is part of issue 22's refactor.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """`raven gateway`: the tunnel endpoint, the proxy front end and the ops listener in one process.
 
 Size: the wiring of every part of the gateway (listeners, ops endpoints, reload, Kubernetes, drain).
+
+Why this module is long and not split: it only wires the parts (each lives in its own module); the
+wiring is read top to bottom, start to drain, and splitting it would scatter one start-up order.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ go through a :class:`ConnectionGuard`:
 While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
 write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
 :meth:`ConnectionGuard.request_finished` (:func:`guarded_handler` and :func:`guard_middleware` do it).
+
+Why this module is long and not split: the guard's counts (unauthenticated and authenticated connections per
+client, the over-capacity ones, the drain) and the protocol that moves a connection between them are one state
+kept in step; the read buffer it shares across connections is its own small class here.
 """
 
 from __future__ import annotations
