@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from agent import compress
 from agent.checks import Policy, Refused, Request, check_open
 from agent.fairslots import FairSlots, QueueFull
 from agent.upstream import ConnectFailed, Response, ResponseBroken, UpstreamError, UpstreamPool
@@ -41,6 +42,8 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
 
 
 class Forwarder:
+    compress: compress.Mode = "auto"  # gzip before the uplink (agent/compress.py); set from the agent's config
+
     def __init__(
         self,
         nodes: Callable[[], dict[str, str]],
@@ -227,7 +230,9 @@ class Forwarder:
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"node {frame.node} {odd}")
                     return
                 code = str(resp.status)
-                stream.send_head(resp.status, resp.reason, _response_headers(resp.headers))
+                gz, head = compress.plan(self.compress, frame.method, resp.status, frame.headers,
+                                         _response_headers(resp.headers))
+                stream.send_head(resp.status, resp.reason, head)
                 sent = chunks = 0
                 try:
                     while True:
@@ -235,6 +240,10 @@ class Forwarder:
                         if chunk:
                             sent += len(chunk)
                             chunks += 1
+                        if gz is not None:
+                            chunk = gz.feed(chunk, last)
+                            if not chunk and not last:
+                                continue  # held by the compressor until its next flush
                         # The last piece carries FIN: one frame less.
                         await stream.write(chunk, end=last)
                         if last:
@@ -248,6 +257,7 @@ class Forwarder:
                     return
                 stream.end()
                 self.metrics.bytes.labels("from_node").inc(sent)
+                self.metrics.bytes.labels("to_gateway").inc(sent if gz is None else gz.wire)
                 log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)
         except TimeoutError:
             code = "timeout"
