@@ -307,7 +307,7 @@ class Gateway:
             "replica": self.cfg.replica_id,
             "service_addresses": self.cfg.hosts.service_addresses,
             "nodes": [
-                {"name": e.name, "pool": e.pool, "address": e.address,
+                {"name": e.name, "pool": e.pool, "address": e.address, "reach": self.pools.reach(e.pool),
                  "agents": sorted({s.agent for s in e.sessions})}
                 for e in self.registry.known_nodes()
             ],
