@@ -4,7 +4,8 @@ The agent checks every stream again before it dials (agent/checks.py): the node 
 its own (the address comes from its inventory, never from the gateway), the port and method
 allowed, the target origin-form. A node's upstream connections are shared fairly between the
 gateway's clients (agent/fairslots.py). HTTP streams use a keep-alive connection pool; bodies
-pass through unchanged (no decompression). TCP streams (CONNECT) are relayed byte for byte.
+pass through unchanged (no decompression), but for the agent's gzip of an uncompressed response for a
+client that accepts it (agent/compress.py). TCP streams (CONNECT) are relayed byte for byte.
 A RESET from the gateway aborts the upstream request at once, on every path.
 """
 
@@ -42,7 +43,7 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
 
 
 class Forwarder:
-    compress: compress.Mode = "auto"  # gzip before the uplink (agent/compress.py); set from the agent's config
+    compress_mode: compress.Mode = "auto"  # gzip before the uplink (agent/compress.py); set from the agent's config
 
     def __init__(
         self,
@@ -230,7 +231,7 @@ class Forwarder:
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"node {frame.node} {odd}")
                     return
                 code = str(resp.status)
-                gz, head = compress.plan(self.compress, frame.method, resp.status, frame.headers,
+                gz, head = compress.plan(self.compress_mode, frame.method, resp.status, frame.headers,
                                          _response_headers(resp.headers))
                 stream.send_head(resp.status, resp.reason, head)
                 sent = chunks = 0
