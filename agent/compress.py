@@ -16,7 +16,10 @@ HEAD; the status carries a body (not 1xx, 204, 206, 304); the node did not encod
 
 How (:class:`Gzip`): chunk by chunk with ``zlib.compressobj(level=1, wbits=31)``; a sync flush every
 :data:`FLUSH_BYTES` of input, so that the compressor never holds more than that plus its window (bounded
-memory, bytes keep moving on a long body); the gzip trailer with the last piece. A body that breaks mid-way
+memory, bytes keep moving on a long body); the gzip trailer with the last piece. What zlib hands out
+between two flushes (the 10-byte gzip header at once, then a block now and then) is held and sent with the
+flush: one tunnel frame per flush, so a 50 KB page crosses as one DATA frame, not as a header frame and
+the rest. A body that breaks mid-way
 is reset by the caller as before: the client sees a broken response, never a complete gzip stream.
 """
 
@@ -108,23 +111,31 @@ def plan(mode: Mode, method: str, status: int, request_headers: wire.Headers,
 class Gzip:
     """One response's streaming gzip encoder; counts the bytes in (``raw``) and out (``wire``)."""
 
-    __slots__ = ("_pending", "_z", "raw", "wire")
+    __slots__ = ("_held", "_pending", "_z", "raw", "wire")
 
     def __init__(self, level: int = LEVEL) -> None:
         self._z = zlib.compressobj(level, zlib.DEFLATED, 31)  # wbits 31: gzip framing, 32 KiB window
         self._pending = 0  # input since the last flush
+        self._held: list[bytes] = []  # output since the last flush (at most what FLUSH_BYTES of input make)
         self.raw = 0
         self.wire = 0
 
     def feed(self, chunk: bytes, last: bool) -> bytes:
         """Compress one piece of the body; with ``last``, end the gzip stream. May return b"" (not the last)."""
         self.raw += len(chunk)
-        out = self._z.compress(chunk) if chunk else b""
+        if chunk:
+            part = self._z.compress(chunk)
+            if part:
+                self._held.append(part)
         self._pending += len(chunk)
         if last:
-            out += self._z.flush(zlib.Z_FINISH)
+            self._held.append(self._z.flush(zlib.Z_FINISH))
         elif self._pending >= FLUSH_BYTES:
-            out += self._z.flush(zlib.Z_SYNC_FLUSH)
+            self._held.append(self._z.flush(zlib.Z_SYNC_FLUSH))
             self._pending = 0
+        else:
+            return b""
+        out = b"".join(self._held)
+        self._held.clear()
         self.wire += len(out)
         return out

@@ -112,6 +112,17 @@ def test_output_is_flushed_every_flush_bytes_and_memory_stays_bounded() -> None:
 
 def test_a_stream_without_its_last_piece_is_not_a_whole_gzip() -> None:
     gz = Gzip()
-    out = gz.feed(dcgm_page(), last=False) + gz.feed(b"", last=False)
+    out = gz.feed(dcgm_page() * 2, last=False) + gz.feed(b"", last=False)  # past a flush point, no trailer
+    assert out
     with pytest.raises(EOFError):
         gzip.decompress(out)
+
+
+def test_output_leaves_only_at_flush_points() -> None:
+    """One tunnel frame per flush: nothing (not even the gzip header) leaves between two flushes."""
+    gz = Gzip()
+    page = dcgm_page()
+    assert gz.feed(page[:1000], last=False) == b""
+    assert gz.feed(page[1000:20000], last=False) == b""
+    whole = gz.feed(page[20000:], last=True)
+    assert gzip.decompress(whole) == page
