@@ -4,7 +4,8 @@ The agent checks every stream again before it dials (agent/checks.py): the node 
 its own (the address comes from its inventory, never from the gateway), the port and method
 allowed, the target origin-form. A node's upstream connections are shared fairly between the
 gateway's clients (agent/fairslots.py). HTTP streams use a keep-alive connection pool; bodies
-pass through unchanged (no decompression). TCP streams (CONNECT) are relayed byte for byte.
+pass through unchanged (no decompression), but for the agent's gzip of an uncompressed response for a
+client that accepts it (agent/compress.py). TCP streams (CONNECT) are relayed byte for byte.
 A RESET from the gateway aborts the upstream request at once, on every path.
 """
 
@@ -17,6 +18,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from agent import compress
 from agent.checks import Policy, Refused, Request, check_open
 from agent.fairslots import Abandoned, FairSlots, QueueFull
 from agent.upstream import (
@@ -50,6 +52,8 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
 
 
 class Forwarder:
+    compress_mode: compress.Mode = "auto"  # gzip before the uplink (agent/compress.py); set from the agent's config
+
     def __init__(
         self,
         nodes: Callable[[], dict[str, str]],
@@ -272,7 +276,9 @@ class Forwarder:
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"node {frame.node} {odd}")
                     return
                 code = str(resp.status)
-                stream.send_head(resp.status, resp.reason, _response_headers(resp.headers))
+                gz, head = compress.plan(self.compress_mode, frame.method, resp.status, frame.headers,
+                                         _response_headers(resp.headers))
+                stream.send_head(resp.status, resp.reason, head)
                 sent = chunks = 0
                 try:
                     while True:
@@ -280,6 +286,10 @@ class Forwarder:
                         if chunk:
                             sent += len(chunk)
                             chunks += 1
+                        if gz is not None:
+                            chunk = gz.feed(chunk, last)
+                            if not chunk and not last:
+                                continue  # held by the compressor until its next flush
                         # The last piece carries FIN: one frame less.
                         await stream.write(chunk, end=last)
                         if last:
@@ -293,6 +303,7 @@ class Forwarder:
                     return
                 stream.end()
                 self.metrics.bytes.labels("from_node").inc(sent)
+                self.metrics.bytes.labels("to_gateway").inc(sent if gz is None else gz.wire)
                 log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)
         except TimeoutError:
             code = "timeout"

@@ -116,6 +116,7 @@ class Agent:
             idle_timeout=cfg.upstream_idle_timeout,
             max_connections=self._upstream_cap(cfg),
         )
+        self.forwarder.compress_mode = cfg.compress
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self._rng = random.Random()
@@ -135,6 +136,7 @@ class Agent:
             cfg.connect_timeout, cfg.upstream_connections_per_node, cfg.upstream_client_share,
             cfg.upstream_idle_timeout, self._upstream_cap(cfg),
         )
+        self.forwarder.compress_mode = cfg.compress
         self._static_nodes = {n.name: n.address for n in cfg.nodes}
         self._set_nodes()
         logging.getLogger().setLevel(cfg.log_level.upper())

@@ -3,8 +3,11 @@
 One gateway and one agent (real processes, TLS 1.3 tunnel), N simulated dcgm-exporter
 nodes with pages of --size bytes, load from wrk (Debian package ``wrk``) with C
 connections. Prints requests/s, p50 and p99 latency for each mode and concurrency,
-and the tunnel/direct ratios. With --profile, py-spy samples the gateway and the agent
-during the tunnel run and prints where their time goes.
+and the tunnel/direct ratios. The exporters never compress; ``--gzip on`` makes the client send
+``Accept-Encoding: gzip`` (as Prometheus does), so the agent compresses before the tunnel; ``--gzip both``
+runs with and without. The output says whether the client asked for gzip, and the body bytes per scrape
+from the node (raw) and across the tunnel (wire), from the agent's counters. With --profile, py-spy
+samples the gateway and the agent during the tunnel run and prints where their time goes.
 
     .venv/bin/python bench/bench_scrape.py --nodes 6 --concurrency 1 32 --duration 10
 
@@ -25,6 +28,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from raven.demo.launch import LocalCluster, PoolSpec, free_port
 from raven.demo.simexporter import SimExporter, SimNode
 
@@ -33,7 +39,7 @@ local hosts = {%s}
 local i = 0
 request = function()
   i = i + 1
-  return wrk.format("GET", "/metrics", {["Host"] = hosts[(i %% #hosts) + 1], ["Authorization"] = "Bearer %s"})
+  return wrk.format("GET", "/metrics", {["Host"] = hosts[(i %% #hosts) + 1], ["Authorization"] = "Bearer %s"%s})
 end
 """
 
@@ -47,6 +53,9 @@ class Result:
     p99_ms: float
     requests: int
     errors: str
+    gzip: bool = False  # the client sent Accept-Encoding: gzip
+    raw_bytes: float = float("nan")  # body bytes per request from the node (tunnel runs)
+    wire_bytes: float = float("nan")  # of which crossed the tunnel (after the agent's gzip)
     cpu_ms: float = float("nan")  # gateway + agent CPU per request (tunnel runs)
     gateway_ms: float = float("nan")  # of which the gateway's
     agent_ms: float = float("nan")  # of which the agents'
@@ -121,25 +130,46 @@ def summarize_profile(path: Path, top: int = 12) -> str:
     return "\n".join(f"  {n * 100 / total:5.1f}%  {fn}" for fn, n in counts.most_common(top))
 
 
+async def agent_bytes(port: int) -> dict[str, float]:
+    """The agent's raven_agent_bytes_total by direction."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            text = await resp.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "raven_agent_bytes_total":
+                out[sample.labels["direction"]] = sample.value
+    return out
+
+
 async def main(args: argparse.Namespace) -> int:
     port = free_port("127.0.20.2")
     nodes = [SimNode(f"bench-{i}", f"127.0.20.{i + 1}", port, size=args.size) for i in range(1, args.nodes + 1)]
-    exporter = SimExporter(nodes)
+    exporter = SimExporter(nodes, serve_gzip=False)  # an exporter that never compresses
     await exporter.start()
     workdir = Path(tempfile.mkdtemp(prefix="raven-bench-"))
     # As in production: the front end checks a bearer token on every request.
     token = secrets.token_hex(32)
     cluster = LocalCluster(workdir, [PoolSpec("bench", nodes, agents=1)], allowed_ports=[port], front_token=token,
                            gateway_settings={"log_level": "warning"}, agent_settings={"log_level": "warning"})
-    script = workdir / "rotate.lua"
-    script.write_text(LUA_ROTATE % (", ".join(f'"{n.name}:{port}"' for n in nodes), token))
+    hosts = ", ".join(f'"{n.name}:{port}"' for n in nodes)
+    scripts = {False: workdir / "rotate.lua", True: workdir / "rotate-gzip.lua"}
+    scripts[False].write_text(LUA_ROTATE % (hosts, token, ""))
+    scripts[True].write_text(LUA_ROTATE % (hosts, token, ', ["Accept-Encoding"] = "gzip"'))
     results: list[Result] = []
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.gzip]
+    runs = [(gz, c) for gz in modes for c in args.concurrency]
     try:
         await cluster.start()
-        print(f"{args.nodes} nodes, {args.size} B pages, {args.duration}s per run, one gateway + one agent (TLS 1.3)")
-        for c in args.concurrency:
+        print(f"{args.nodes} nodes, {len(exporter.body(nodes[0].name))} B pages (exporter never compresses), "
+              f"{args.duration}s per run, one gateway + one agent (TLS 1.3)")
+        agent_port = next(iter(cluster.agents.values())).metrics_port
+        for gz, c in runs:
+            script = scripts[gz]
             direct = await run_wrk(f"http://{nodes[0].host}:{port}/metrics", c, args.duration, None)
             results.append(parse_wrk("direct", c, direct))
+            results[-1].gzip = False
             prof_tasks = []
             if args.profile:
                 assert cluster.gateway is not None
@@ -153,9 +183,16 @@ async def main(args: argparse.Namespace) -> int:
             assert cluster.gateway is not None
             pids = [cluster.gateway.process.pid, *(a.process.pid for a in cluster.agents.values())]
             cpu_before = [cpu_seconds(pid) for pid in pids]
+            bytes_before = await agent_bytes(agent_port)
             tunnel = await run_wrk(cluster.front_url + "/metrics", c, args.duration, script)
             result = parse_wrk("tunnel", c, tunnel)
             used = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
+            bytes_after = await agent_bytes(agent_port)
+            result.gzip = gz
+            # wrk stops with requests in flight: their bytes are counted, so these are close, not exact.
+            result.raw_bytes = (bytes_after["from_node"] - bytes_before.get("from_node", 0)) / max(1, result.requests)
+            result.wire_bytes = (bytes_after["to_gateway"] - bytes_before.get("to_gateway", 0)) / max(
+                1, result.requests)
             per_req = 1000 / max(1, result.requests)
             result.cpu_ms = sum(used) * per_req
             result.gateway_ms = used[0] * per_req
@@ -168,19 +205,23 @@ async def main(args: argparse.Namespace) -> int:
     finally:
         await cluster.close()
         await exporter.close()
-    print(f"\n{'mode':<7} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'cpu ms/req':>10}"
-          f" {'gateway':>8} {'agent':>8}  errors")
+    print(f"\n{'mode':<7} {'gzip':>4} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9}"
+          f" {'cpu ms/req':>10} {'gateway':>8} {'agent':>8} {'raw B':>8} {'wire B':>8}  errors")
     for r in results:
+        asked = "yes" if r.gzip else "no"
         print(
-            f"{r.mode:<7} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}"
-            f" {r.cpu_ms:>10.3f} {r.gateway_ms:>8.3f} {r.agent_ms:>8.3f}  {r.errors}"
+            f"{r.mode:<7} {asked:>4} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.requests:>9}"
+            f" {r.cpu_ms:>10.3f} {r.gateway_ms:>8.3f} {r.agent_ms:>8.3f} {r.raw_bytes:>8.0f} {r.wire_bytes:>8.0f}"
+            f"  {r.errors}"
         )
-    print()
-    for c in args.concurrency:
-        d = next(r for r in results if r.mode == "direct" and r.concurrency == c)
-        t = next(r for r in results if r.mode == "tunnel" and r.concurrency == c)
-        print(f"concurrency {c:>3}: tunnel/direct throughput {t.rps / d.rps:.2f}, "
-              f"added p50 {t.p50_ms - d.p50_ms:+.2f} ms, added p99 {t.p99_ms - d.p99_ms:+.2f} ms")
+    print("\ngzip: whether the client sent Accept-Encoding: gzip (the direct runs never do; the exporter never "
+          "compresses)")
+    for i in range(0, len(results), 2):
+        d, t = results[i], results[i + 1]
+        print(f"concurrency {t.concurrency:>3}, client asked for gzip: {'yes' if t.gzip else 'no ':<3}: tunnel/direct "
+              f"throughput {t.rps / d.rps:.2f}, added p50 {t.p50_ms - d.p50_ms:+.2f} ms, added p99 "
+              f"{t.p99_ms - d.p99_ms:+.2f} ms, tunnel bytes {100 * t.wire_bytes / max(1.0, t.raw_bytes):.1f} % of "
+              "the page")
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
@@ -191,6 +232,8 @@ def cli() -> int:
     parser.add_argument("--size", type=int, default=50 * 1024, help="page size in bytes (default 51200)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="connections (default 1 32)")
     parser.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
+    parser.add_argument("--gzip", choices=["off", "on", "both"], default="both",
+                        help="whether the client sends Accept-Encoding: gzip (as Prometheus does); default both")
     parser.add_argument("--profile", action="store_true", help="sample gateway and agent with py-spy")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="keep py-spy's collapsed stacks here (default: a temporary folder, removed)")

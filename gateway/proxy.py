@@ -30,6 +30,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.auth import FrontAuth
+from gateway.pools import Pools
 from gateway.registry import AgentSession, NodeEntry, Registry
 from gateway.request import (
     RESET_STATUS,
@@ -50,7 +51,7 @@ from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
-from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FORWARDED, IDEMPOTENT
+from raven.protocol.headers import CLIENT_HEADER, COMPRESS_HEADER, DEADLINE_HEADER, FORWARDED, IDEMPOTENT
 from raven.transport.listener import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
 
@@ -121,8 +122,10 @@ class Proxy:
         guard: ConnectionGuard,
         settled: Callable[[], bool] = lambda: True,
         auth: FrontAuth | None = None,
+        pools: Pools | None = None,
     ) -> None:
         self.registry = registry
+        self.pools = pools
         self.metrics = metrics
         self.configure(cfg)
         self.node_streams: dict[str, int] = {}
@@ -157,6 +160,8 @@ class Proxy:
                 raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
             found = self.registry.lookup(target.node)
             self._vouch(ex, found.entry)
+            if self.pools is not None:  # never proxy to a pool Prometheus reaches itself (gateway/pools.py)
+                self.pools.check_proxied(target.node, found.entry)
             if found.entry is None:
                 if not self.settled():
                     # A replica that just started does not know every node yet: "try again", not "no such node".
@@ -388,6 +393,8 @@ class Proxy:
             ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https" if request.secure else "http"),
             (DEADLINE_HEADER, str(remaining_ms)), (CLIENT_HEADER, client_key(client)),
         )
+        if self.pools is not None and not self.pools.compress(ex.pool):
+            headers = (*headers, (COMPRESS_HEADER, "0"))  # this pool's uplink is free: the agent sends as is
         check_header_block(headers, wire.DEFAULT_LIMITS)
         has_body = request.body_exists
         open_frame = wire.Open(

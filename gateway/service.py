@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from gateway import discovery
 from gateway.auth import FrontAuth, TokenSet
 from gateway.layer3 import GatewayLayer3
+from gateway.pools import Pools
 from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.status import render_html, snapshot
@@ -66,6 +68,7 @@ class Gateway:
         self.config_reloader = (Reloader(load, self.apply_config, config_path, cfg.config_watch_interval)
                                 if load is not None else None)
         self.metrics = GatewayMetrics()
+        self.pools = Pools(cfg)
         budget: int | None = None
         if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
             budget = (CONFIGMAP_MAX_BYTES - 4096) * cfg.hosts.shards  # room for each file's header lines
@@ -80,7 +83,8 @@ class Gateway:
                 path = cfg.hosts.file if k == 0 else cfg.hosts.file.with_name(f"{cfg.hosts.file.name}.{k}")
                 sinks.append((str(path), k, file_sink(path)))
         self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
-                                    ready=lambda: self.kube_synced and self.ready()[0], shards=cfg.hosts.shards)
+                                    ready=lambda: self.kube_synced and self.ready()[0], shards=cfg.hosts.shards,
+                                    direct=lambda: self.pools.hosts_entries(self.registry.known_nodes()))
         self.registry.on_change = self.hosts.changed
         ident = pki.load_identity(cfg.tls.cert)
         if ident.role in ("agent", "ca"):
@@ -122,7 +126,7 @@ class Gateway:
         logsafe.add_secrets(self._log_secrets)  # a token is redacted wherever it would reach a log line
         self.front_reloader = CertReloader(front.tls, server=True) if front.tls is not None else None
         self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
-                           settled=self.settled, auth=self.auth)
+                           settled=self.settled, auth=self.auth, pools=self.pools)
         self._runners: list[web.BaseRunner] = []
         self._front_sites: list[GuardedSite] = []
         self._background: list[asyncio.Task[None]] = []
@@ -199,6 +203,8 @@ class Gateway:
         tokens = TokenSet(front.auth.token_files, front.auth.reload_interval) if front.auth.token_files else None
         self.cfg = cfg
         self.auth.tokens = tokens
+        self.pools.configure(cfg)
+        self.hosts.changed()  # a pool's reach may have changed
         self.proxy.configure(front)
         self.front_guard.limits = self._front_limits(cfg)
         self.tunnel_guard.limits = GuardLimits(cfg.limits.handshake_timeout, cfg.limits.handshake_timeout,
@@ -258,12 +264,15 @@ class Gateway:
         return True, status
 
     def edge_names(self) -> list[str]:
-        """The one source of truth for DNS: every known edge node (and, in Kubernetes, every edge Node).
+        """The one source of truth for DNS: every known node of a tunnel pool (and, in Kubernetes, every such Node).
 
         Names the name rule refuses (the cluster's own, or names that read as addresses) never reach DNS,
-        whatever a Node is called.
+        whatever a Node is called. Nodes of direct and layer3 pools are left to the cluster's own resolution
+        (or, with ``hosts.direct: internal-ip``, mapped to their own addresses by the publisher).
         """
-        names = {e.name for e in self.registry.known_nodes()} | set(self.kube_nodes)
+        tunnelled = self.pools.tunnelled
+        names = {e.name for e in self.registry.known_nodes() if tunnelled(e.pool)}
+        names |= {n.name for n in self.kube_nodes.values() if not n.pool or tunnelled(n.pool)}
         rule = self.registry.names
         return sorted(n for n in names if rule.allows(n))
 
@@ -277,6 +286,7 @@ class Gateway:
 
         def on_nodes(nodes: dict[str, KubeNode]) -> None:
             self.kube_nodes = nodes
+            self.pools.set_kube_nodes(nodes)
             for agent_session, accepted, refused in self.registry.set_authority(
                 {n.name: n.pool for n in nodes.values()}
             ):
@@ -330,7 +340,7 @@ class Gateway:
     def status_snapshot(self) -> dict[str, Any]:
         snap = snapshot(
             replica=self.cfg.replica_id, replicas=self.cfg.replicas, started=self.started_wall, ready=self.ready(),
-            draining=self.tunnel.draining, registry=self.registry, last=self.proxy.last,
+            draining=self.tunnel.draining, registry=self.registry, last=self.proxy.last, pools=self.pools,
         )
         snap["layer3"] = self.layer3.status() if self.layer3 is not None else None
         return snap
@@ -349,41 +359,22 @@ class Gateway:
             "replica": self.cfg.replica_id,
             "service_addresses": self.cfg.hosts.service_addresses,
             "nodes": [
-                {"name": e.name, "pool": e.pool, "address": e.address,
+                {"name": e.name, "pool": e.pool, "address": e.address, "reach": self.pools.reach(e.pool),
                  "agents": sorted({s.agent for s in e.sessions})}
                 for e in self.registry.known_nodes()
             ],
         })
 
     async def http_sd(self, request: web.Request) -> web.Response:
-        """Reachable edge targets in Prometheus's http_sd_configs format, one group per node and port.
-
-        ``?port=9400`` limits the list to that port (repeat it for several), so that each exporter gets its
-        own scrape job; ``?pool=NAME`` (repeatable) to those pools' nodes.
-        """
-        unknown = sorted(set(request.query) - {"port", "pool"})
-        if unknown:
-            return web.Response(status=400, text=f"unknown parameter(s) {unknown}: /sd takes port= and pool=\n")
-        ports = list(self.cfg.front.allowed_ports)
-        wanted = request.query.getall("port", [])
-        if wanted:
-            for value in wanted:
-                if not (value.isascii() and value.isdigit()) or int(value) not in ports:
-                    return web.Response(status=400, text=f"port must be one of {ports}, got {value!r}\n")
-            chosen = {int(v) for v in wanted}
-            ports = [p for p in ports if p in chosen]
-        pools = set(request.query.getall("pool", []))
-        groups = []
-        for entry in self.registry.reachable_nodes():
-            if pools and entry.pool not in pools:
-                continue
-            for port in ports:
-                groups.append({
-                    "targets": [f"{entry.name}:{port}"],
-                    "labels": {"node": entry.name, "pool": entry.pool, "port": str(port),
-                               "__meta_raven_agents": ",".join(sorted({s.agent for s in entry.sessions}))},
-                })
-        return web.json_response(groups)
+        """Every pool's targets in Prometheus's http_sd_configs format, with how each is reached
+        (gateway/discovery.py). ``?port=``, ``?pool=`` and ``?reach=`` (each repeatable) narrow the list."""
+        try:
+            ports, pools, reaches = discovery.parse_query(request.query, request.query.getall,
+                                                          self.cfg.front.allowed_ports)
+        except discovery.BadQuery as exc:
+            return web.Response(status=400, text=f"{exc}\n")
+        return web.json_response(discovery.groups(self.registry.reachable_nodes(), self.registry.known_nodes(),
+                                                  self.pools, ports, pools, reaches))
 
     async def start(self) -> None:
         gcpause.install()

@@ -11,11 +11,14 @@ import html
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.registry import Registry
 from raven import version
 from raven.protocol import wire
+
+if TYPE_CHECKING:
+    from gateway.pools import Pools
 
 
 @dataclass(slots=True)
@@ -37,12 +40,22 @@ def snapshot(
     registry: Registry,
     last: Mapping[str, NodeResult],
     now: float | None = None,
+    pools: Pools | None = None,
 ) -> dict[str, Any]:
+    """``pools``: how each pool is reached; every pool then says its ``reach`` (and where that came from), and the
+    nodes of direct and layer3 pools are listed too, without agents (they need none)."""
     now = time.time() if now is None else now
-    pools: dict[str, dict[str, Any]] = {}
+    reach = pools.reach if pools is not None else (lambda pool: "tunnel")
+    source = pools.source if pools is not None else (lambda pool: "default")
+
+    def pool_row(name: str) -> dict[str, Any]:
+        return {"pool": name, "reach": reach(name), "reach_from": source(name), "agents": [], "nodes": 0,
+                "reachable": 0}
+
+    out: dict[str, dict[str, Any]] = {name: pool_row(name) for name in (pools.configured_pools() if pools else ())}
     for sess in sorted(registry.sessions.values(), key=lambda x: (x.agent, x.session_id)):
         for name in sorted(sess.pools):
-            entry = pools.setdefault(name, {"pool": name, "agents": [], "nodes": 0, "reachable": 0})
+            entry = out.get(name) or out.setdefault(name, pool_row(name))
             entry["agents"].append({
                 "agent": sess.agent,
                 "session": sess.session_id[:8],
@@ -56,19 +69,29 @@ def snapshot(
                 "protocol": sess.session.core.version,
             })
     nodes = []
+    direct = {n.name: n for n in pools.direct_nodes(registry.known_nodes())} if pools is not None else {}
     for e in registry.known_nodes():
-        pool = pools.setdefault(e.pool, {"pool": e.pool, "agents": [], "nodes": 0, "reachable": 0})
+        if e.name in direct:
+            continue
+        pool = out.get(e.pool) or out.setdefault(e.pool, pool_row(e.pool))
         pool["nodes"] += 1
         pool["reachable"] += 1 if e.sessions else 0
         result = last.get(e.name)
         nodes.append({
             "name": e.name,
             "pool": e.pool,
+            "reach": pool["reach"],
             "agents": sorted({s.agent for s in e.sessions}),
             "last": None if result is None else {
                 "seconds_ago": round(max(0.0, now - result.at), 1), "code": result.code, "reason": result.reason,
             },
         })
+    for d in direct.values():
+        pool = out.get(d.pool) or out.setdefault(d.pool, pool_row(d.pool))
+        pool["nodes"] += 1
+        pool["reachable"] += 1  # Raven is not in the way: Prometheus reaches it (or not) by itself
+        nodes.append({"name": d.name, "pool": d.pool, "reach": d.reach, "agents": [], "last": None})
+    nodes.sort(key=lambda n: n["name"])
     return {
         "replica": replica,
         "replicas": replicas,
@@ -78,7 +101,7 @@ def snapshot(
         "ready": ready[0],
         "ready_reason": ready[1],
         "draining": draining,
-        "pools": [pools[name] for name in sorted(pools)],
+        "pools": [out[name] for name in sorted(out)],
         "nodes": nodes,
     }
 
@@ -96,14 +119,20 @@ def render_html(snap: Mapping[str, Any], refresh: int = 5) -> str:
     rows_pools = []
     for p in snap["pools"]:
         agents = p["agents"]
+        reach = p.get("reach", "tunnel")
         state = "ok" if agents and p["reachable"] == p["nodes"] else ("bad" if not agents else "warn")
+        if reach != "tunnel":
+            state = "direct"  # scraped without the proxy: no agent is needed, none missing is a fault
         agent_lines = "".join(
             f"<div>{_e(a['agent'])} <span class=dim>{_e(_release(a))}, session {_e(a['session'])}, "
             f"{_fmt_age(a['age_seconds'])}, "
             f"{a['streams']} stream(s){', draining' if a['draining'] else ''}</span></div>" for a in agents
-        ) or "<div class=bad>no agent connected</div>"
-        rows_pools.append(f"<tr class={state}><td>{_e(p['pool'])}</td><td>{agent_lines}</td>"
-                          f"<td>{p['reachable']} / {p['nodes']}</td></tr>")
+        ) or ("<div class=dim>none needed: Prometheus scrapes this pool without the proxy</div>" if reach != "tunnel"
+              else "<div class=bad>no agent connected</div>")
+        reached = "through the tunnel" if reach == "tunnel" else "over layer 3" if reach == "layer3" else "directly"
+        rows_pools.append(f"<tr class={state}><td>{_e(p['pool'])}</td><td>{_e(reach)} <span class=dim>"
+                          f"({_e(reached)}; from {_e(p.get('reach_from', 'default'))})</span></td><td>{agent_lines}"
+                          f"</td><td>{p['reachable']} / {p['nodes']}</td></tr>")
     rows_nodes = []
     for n in snap["nodes"]:
         last = n["last"]
@@ -114,9 +143,13 @@ def render_html(snap: Mapping[str, Any], refresh: int = 5) -> str:
             result = f"{_e(last['code'])} {_fmt_age(last['seconds_ago'])} ago"
             if last["reason"]:
                 result += f"<div class=reason>{_e(last['reason'])}</div>"
-        agents = ", ".join(_e(a) for a in n["agents"]) or "<span class=bad>none</span>"
-        rows_nodes.append(f"<tr class={cls}><td>{_e(n['name'])}</td><td>{_e(n['pool'])}</td><td>{agents}</td>"
-                          f"<td>{result}</td></tr>")
+        direct = n.get("reach", "tunnel") != "tunnel"
+        if direct and last is None:
+            way = "over layer 3" if n["reach"] == "layer3" else "directly"
+            cls, result = "direct", f"scraped {way}, not through Raven"
+        agents = ", ".join(_e(a) for a in n["agents"]) or ("-" if direct else "<span class=bad>none</span>")
+        rows_nodes.append(f"<tr class={cls}><td>{_e(n['name'])}</td><td>{_e(n['pool'])}</td>"
+                          f"<td>{_e(n.get('reach', 'tunnel'))}</td><td>{agents}</td><td>{result}</td></tr>")
     ready = "ready" if snap["ready"] else "not ready"
     layer3 = _layer3_html(snap.get("layer3"))
     return f"""<!doctype html>
@@ -130,7 +163,8 @@ table {{ border-collapse: collapse; width: 100%; max-width: 70em; }}
 th, td {{ text-align: left; padding: .35em .6em; border-bottom: 1px solid #ddd; vertical-align: top; }}
 th {{ background: #f3f3f3; }} .dim {{ color: #777; }} .reason {{ color: #a00; font-size: .92em; }}
 tr.ok td:first-child {{ border-left: 4px solid #2a2; }} tr.warn td:first-child {{ border-left: 4px solid #d90; }}
-tr.bad td:first-child {{ border-left: 4px solid #c22; }} div.bad, span.bad {{ color: #c22; }}
+tr.bad td:first-child {{ border-left: 4px solid #c22; }}
+tr.direct td:first-child {{ border-left: 4px solid #58c; }} div.bad, span.bad {{ color: #c22; }}
 </style></head><body>
 <h1>Raven gateway {_e(snap['replica'])}</h1>
 <div class=dim>{_e(_gateway_release(snap))} &middot;
@@ -138,11 +172,11 @@ replica of {snap['replicas']} &middot; up {_fmt_age(snap['uptime_seconds'])} &mi
 {_e(ready)}: {_e(snap['ready_reason'])}{' &middot; draining' if snap['draining'] else ''} &middot;
 refreshes every {refresh}s</div>
 <h2>Pools</h2>
-<table><tr><th>pool</th><th>agents (sessions to this replica)</th><th>nodes reachable</th></tr>
-{''.join(rows_pools) or '<tr><td colspan=3 class=dim>no pools yet</td></tr>'}</table>
+<table><tr><th>pool</th><th>reach</th><th>agents (sessions to this replica)</th><th>nodes reachable</th></tr>
+{''.join(rows_pools) or '<tr><td colspan=4 class=dim>no pools yet</td></tr>'}</table>
 <h2>Nodes</h2>
-<table><tr><th>node</th><th>pool</th><th>agents</th><th>last scrape through this replica</th></tr>
-{''.join(rows_nodes) or '<tr><td colspan=4 class=dim>no nodes yet</td></tr>'}</table>
+<table><tr><th>node</th><th>pool</th><th>reach</th><th>agents</th><th>last scrape through this replica</th></tr>
+{''.join(rows_nodes) or '<tr><td colspan=5 class=dim>no nodes yet</td></tr>'}</table>
 {layer3}
 </body></html>
 """
@@ -189,22 +223,26 @@ def render_text(snap: Mapping[str, Any]) -> str:
            f"up {_fmt_age(snap['uptime_seconds'])}, "
            f"{'ready' if snap['ready'] else 'NOT READY'}: {snap['ready_reason']}"
            f"{', draining' if snap['draining'] else ''}", ""]
-    rows: list[tuple[str, ...]] = [("POOL", "AGENT", "VERSION", "PROTO", "SESSION", "AGE", "STREAMS", "STATE",
-                                    "NODES")]
+    rows: list[tuple[str, ...]] = [("POOL", "REACH", "AGENT", "VERSION", "PROTO", "SESSION", "AGE", "STREAMS",
+                                    "STATE", "NODES")]
     for p in snap["pools"]:
+        reach = p.get("reach", "tunnel")
         if not p["agents"]:
-            rows.append((p["pool"], "-", "-", "-", "-", "-", "-", "NO AGENT", f"{p['reachable']}/{p['nodes']}"))
+            state = "NO AGENT" if reach == "tunnel" else "no agent needed"
+            rows.append((p["pool"], reach, "-", "-", "-", "-", "-", "-", state, f"{p['reachable']}/{p['nodes']}"))
         for a in p["agents"]:
             release = a.get("version") or f"<={version.UNANNOUNCED}"
-            rows.append((p["pool"], a["agent"], release, str(a.get("protocol", "?")), a["session"],
+            rows.append((p["pool"], reach, a["agent"], release, str(a.get("protocol", "?")), a["session"],
                          _fmt_age(a["age_seconds"]), str(a["streams"]),
                          "draining" if a["draining"] else "up", f"{p['reachable']}/{p['nodes']}"))
     out += [*_table(rows), ""]
-    rows = [("NODE", "POOL", "AGENTS", "LAST", "AGO", "ERROR")]
+    rows = [("NODE", "POOL", "REACH", "AGENTS", "LAST", "AGO", "ERROR")]
     for n in snap["nodes"]:
+        reach = n.get("reach", "tunnel")
         last = n["last"] or {"code": "-", "seconds_ago": None, "reason": ""}
         ago = "-" if last["seconds_ago"] is None else _fmt_age(last["seconds_ago"])
-        rows.append((n["name"], n["pool"], ",".join(n["agents"]) or "NONE", last["code"], ago, last["reason"]))
+        agents = ",".join(n["agents"]) or ("NONE" if reach == "tunnel" else "-")
+        rows.append((n["name"], n["pool"], reach, agents, last["code"], ago, last["reason"]))
     out += _table(rows)
     l3 = snap.get("layer3")
     if l3:

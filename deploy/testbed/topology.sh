@@ -2,12 +2,14 @@
 # A real network topology on one machine, with network namespaces and veth pairs:
 #
 #   rv-cloud (10.200.0.1)  ── rv-wan bridge ──  rv-a-gw (10.200.0.2)   rv-b-gw (10.200.0.3)
-#   gateway, Prometheus,                          │ LAN 10.201.1.0/24     │ LAN 10.201.2.0/24
-#   dnsmasq                                       ├─ rv-a-n1 .11          ├─ rv-b-n1 .11
-#                                                 └─ rv-a-n2 .12          └─ rv-b-n2 .12
+#   gateway, Prometheus,     │                    │ LAN 10.201.1.0/24     │ LAN 10.201.2.0/24
+#   dnsmasq                  │                    ├─ rv-a-n1 .11          ├─ rv-b-n1 .11
+#                            │                    └─ rv-a-n2 .12          └─ rv-b-n2 .12
+#                            └─ rv-c-n1 (10.200.0.21): an on-cloud GPU node, same network as the cloud
 #
 # The cloud has no route to the edge LANs and the edge gateways do not forward: the tunnel
-# that the agents (in rv-a-gw, rv-b-gw) dial out to the cloud is the only way in.
+# that the agents (in rv-a-gw, rv-b-gw) dial out to the cloud is the only way in. The on-cloud
+# node (pool cloud-1, reach: direct) is scraped by Prometheus directly, without Raven.
 # An observer link joins this host (10.199.0.1) to rv-cloud (10.199.0.2) only, so that you
 # and the tests can open Prometheus at http://10.199.0.2:9090; the host gets no route to
 # the WAN or the edge LANs.
@@ -91,6 +93,8 @@ up() {
         done
         i=$((i + 1))
     done
+    add_ns "$PREFIX-c-n1"
+    link_to_bridge "$PREFIX-c-n1" eth0 10.200.0.21/24 "$WAN" br0 cloud-n1
     # Programs run in the cloud namespace resolve names with the testbed's DNS server.
     mkdir -p "/etc/netns/$CLOUD"
     echo "nameserver 127.0.0.1" > "/etc/netns/$CLOUD/resolv.conf"

@@ -208,10 +208,11 @@ async def _ops_json(gateway: str, path: str, token_file: Path | None, timeout: f
 
 
 async def _gateway_nodes(url: str, token_file: Path | None = None) -> tuple[list[str], list[str]]:
-    """Names and service addresses from a running gateway's ops listener (/nodes)."""
+    """Tunnel pools' node names and the service addresses from a running gateway's ops listener (/nodes)."""
     data = await _ops_json(url, "/nodes", token_file)
     try:
-        names = [str(n["name"]) for n in data["nodes"]]
+        # Only the nodes that go through Raven belong in its hosts file (a direct pool's are the cluster's).
+        names = [str(n["name"]) for n in data["nodes"] if n.get("reach", "tunnel") == "tunnel"]
         addresses = [str(a) for a in data.get("service_addresses", [])]
     except (KeyError, TypeError, AttributeError) as exc:
         raise CommandFailed(f"cannot read the node list from {url}/nodes (is it a Raven gateway's ops listener?): "

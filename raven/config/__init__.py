@@ -25,6 +25,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raven import version
+from raven.config.pools import DirectHosts, PoolDefaults, PoolSettings, pools_nodes_unique
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
 from raven.errors import ConfigError
 from raven.layer3.config import AgentLayer3, GatewayLayer3
@@ -268,6 +269,10 @@ class KubeSettings(_Model):
     kubeconfig: Path | None = Field(None, description="kubeconfig file; default: in-cluster service account")
     pool_label: str = Field("apps.openyurt.io/nodepool", description="Node label naming the node's edge pool")
     node_selector: str = Field("", description="extra label selector for edge Nodes (e.g. 'node-role/edge=true')")
+    reach_label: str = Field(
+        "raven.io/reach", description="Node label saying how its pool is reached (tunnel, direct, layer3); "
+        "without it, OpenYurt's openyurt.io/is-edge-worker=false means direct (gateway/pools.py)",
+    )
 
 
 class ConfigMapTarget(_Model):
@@ -295,6 +300,10 @@ class HostsSettings(_Model):
         description="split the hosts file in this many files or ConfigMaps, past one ConfigMap's 1 MiB (about "
         "35,000 names with one IPv4 service address, 16,000 with IPv4 and IPv6): shard k >= 1 goes to <file>.<k> "
         "and ConfigMap <name>-<k>, each read by a CoreDNS server block of its own (deploy/coredns/)",
+    )
+    direct: DirectHosts = Field(
+        "omit", description="names of direct and layer3 pools: 'omit' leaves them to the cluster's own resolution "
+        "(/sd then gives Prometheus their addresses); 'internal-ip' maps each to its node's address here",
     )
 
 
@@ -385,6 +394,18 @@ class GatewayConfig(_Model):
         5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",
     )
     layer3: GatewayLayer3 = Field(GatewayLayer3(), description="IP between the cloud and the pools (docs/layer3.md)")
+    pools: dict[PoolName, PoolSettings] = Field(
+        default_factory=dict, description="per pool: how it is reached (reach: tunnel | direct | layer3), whether "
+        "its agents compress, and the nodes of a direct pool outside Kubernetes (raven/config/pools.py)",
+    )
+    pool_defaults: PoolDefaults = Field(PoolDefaults(), description="for pools not listed under pools")
+
+    @model_validator(mode="after")
+    def _pool_nodes_unique(self) -> GatewayConfig:
+        problem = pools_nodes_unique(dict(self.pools))
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _front_authenticated_unless_loopback(self) -> GatewayConfig:
@@ -486,6 +507,11 @@ class AgentConfig(_Model):
         description="HTTP methods this agent passes to nodes, whatever the gateway sends",
     )
     allow_connect: bool = Field(False, description="serve CONNECT (raw TCP) streams to allowed ports")
+    compress: Literal["auto", "always", "never"] = Field(
+        "auto", description="gzip a node's uncompressed response for a client that accepts gzip, before the "
+        "uplink: 'auto' unless the gateway says the pool's uplink is free (its pools.<pool>.compress), 'always', "
+        "'never' (agent/compress.py)",
+    )
     metrics_listen: HostPort = "0.0.0.0:10266"
     tls: TLSConfig
     limits: TunnelLimits = TunnelLimits()

@@ -271,7 +271,8 @@ class LocalCluster:
                     have = {}
                     for group in await self.sd(replica):
                         labels = group["labels"]
-                        have[labels["node"]] = len(labels["__meta_raven_agents"].split(","))
+                        if labels.get("__meta_raven_reach", "tunnel") == "tunnel":  # others need no agent
+                            have[labels["node"]] = len(labels["__meta_raven_agents"].split(","))
                     if not all(have.get(node, 0) >= n for node, n in want.items()):
                         done = False
                         break

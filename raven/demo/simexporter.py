@@ -440,8 +440,10 @@ class SimExporter:
         processes_per_gpu: int = 4,
         refresh: float = REFRESH_SECONDS,
         gzip_level: int = 6,
+        serve_gzip: bool = True,
     ) -> None:
         names = [node.name for node in nodes]
+        self.serve_gzip = serve_gzip  # False: always the plain body, as an exporter that never compresses
         if len(set(names)) != len(names):
             raise ValueError("node names must be unique")
         self._states = {node.name: _NodeState(node, processes_per_gpu, refresh, gzip_level) for node in nodes}
@@ -620,7 +622,7 @@ class SimExporter:
             raise web.HTTPNotFound()
 
         plain, gzipped = state.bodies()
-        use_gzip = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        use_gzip = self.serve_gzip and _accepts_gzip(request.headers.get("Accept-Encoding", ""))
         body = gzipped if use_gzip else plain
         headers = state.gzip_headers if use_gzip else state.plain_headers
         if mode == "ok" or (request.method == "HEAD" and mode in ("break", "cut", "slow")):
@@ -742,11 +744,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between value updates (default %(default)s)",
     )
     parser.add_argument("--stats-interval", type=float, default=10.0, help="seconds between request-count log lines")
+    parser.add_argument("--no-gzip", action="store_true",
+                        help="never compress, whatever the client accepts (an exporter without gzip)")
     return parser
 
 
-async def _run(nodes: Sequence[SimNode], refresh: float, stats_interval: float) -> None:
-    exporter = SimExporter(nodes, refresh=refresh)
+async def _run(nodes: Sequence[SimNode], refresh: float, stats_interval: float, serve_gzip: bool = True) -> None:
+    exporter = SimExporter(nodes, refresh=refresh, serve_gzip=serve_gzip)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -785,7 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         node.gpus = args.gpus
         node.size = args.size
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_run(nodes, args.refresh, args.stats_interval))
+    asyncio.run(_run(nodes, args.refresh, args.stats_interval, not args.no_gzip))
     return 0
 
 

@@ -14,7 +14,7 @@ import ipaddress
 import logging
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from raven.aio import cancel_and_wait
@@ -26,8 +26,13 @@ log = logging.getLogger("raven.hosts")
 CONFIGMAP_MAX_BYTES = 1024 * 1024 - 8 * 1024  # what is left after the object's metadata
 
 
-def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven gateway") -> str:
-    """The whole hosts file. Raises ValueError for an invalid name or address."""
+def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven gateway",
+           direct: Mapping[str, str] | None = None) -> str:
+    """The whole hosts file. Raises ValueError for an invalid name or address.
+
+    ``direct``: names of pools scraped without the tunnel, each mapped to its own node's address
+    (``hosts.direct: internal-ip``); a name in both is the tunnel's.
+    """
     addrs = []
     for a in addresses:
         try:
@@ -44,8 +49,21 @@ def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven 
         "# every write replaces the whole file.",
         f"# {len(unique)} node(s) -> {', '.join(str(a) for a in ordered) or 'no service address configured'}",
     ]
+    own = {}
+    for name, address in (direct or {}).items():
+        if name in unique or not wire.valid_node_name(name):
+            continue
+        try:
+            own[name] = ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"{address!r} (node {name!r}) is not an IPv4 or IPv6 address") from None
+    if own:
+        lines.append(f"# {len(own)} node(s) of direct and layer3 pools -> their own addresses")
     texts = [f"{ip}\t" for ip in ordered]  # formatted once: an IPv6 address's str() is slow
-    for name in unique:
+    for name in sorted({*unique, *own}) if own else unique:
+        if name in own:
+            lines.append(f"{own[name]}\t{name}")
+            continue
         for text in texts:
             lines.append(text + name)
     return "\n".join(lines) + "\n"
@@ -96,8 +114,9 @@ class HostsPublisher:
 
     def __init__(self, names: Callable[[], Iterable[str]], addresses: Sequence[str], debounce: float,
                  sinks: Sequence[tuple[str, int, Sink]], ready: Callable[[], bool] | None = None,
-                 shards: int = 1) -> None:
+                 shards: int = 1, direct: Callable[[], Mapping[str, str]] | None = None) -> None:
         self.names = names
+        self.direct = direct or dict
         self.addresses = list(addresses)
         self.debounce = debounce
         self.sinks = list(sinks)
@@ -128,12 +147,12 @@ class HostsPublisher:
 
     def current(self) -> str:
         """The whole file (every shard's names in one)."""
-        return render(self.valid_names(), self.addresses)
+        return render(self.valid_names(), self.addresses, direct=self.direct())
 
     def current_shards(self) -> list[str]:
         from raven.dns.shards import render_shards
 
-        return render_shards(self.valid_names(), self.addresses, self.shards)
+        return render_shards(self.valid_names(), self.addresses, self.shards, direct=self.direct())
 
     async def publish_once(self) -> bool:
         """Publish to every sink; False when something failed (and will be retried)."""

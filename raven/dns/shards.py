@@ -17,7 +17,7 @@ checked against the ConfigMap limit before it is written (see ``raven/kube``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, render
 
@@ -53,9 +53,13 @@ def split(names: Iterable[str], shards: int) -> list[list[str]]:
 
 
 def render_shards(names: Iterable[str], addresses: Sequence[str], shards: int,
-                  writer: str = "raven gateway") -> list[str]:
-    """One hosts file per shard (see :func:`raven.dns.hosts.render`)."""
-    return [render(part, addresses, writer) for part in split(names, shards)]
+                  writer: str = "raven gateway", direct: Mapping[str, str] | None = None) -> list[str]:
+    """One hosts file per shard (see :func:`raven.dns.hosts.render`); a direct pool's name (``direct``) goes
+    to the shard its name selects, as a tunnel name would."""
+    own: list[dict[str, str]] = [{} for _ in range(max(1, shards))]
+    for name, address in (direct or {}).items():
+        own[shard_of(name, shards)][name] = address
+    return [render(part, addresses, writer, direct=own[k]) for k, part in enumerate(split(names, shards))]
 
 
 def line_bytes(name: str, addresses: Sequence[str]) -> int:

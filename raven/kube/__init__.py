@@ -140,6 +140,12 @@ class KubeNode:
     addresses: tuple[str, ...]  # InternalIP first, then ExternalIP, each in the order of status.addresses
     ready: bool
     labels: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}), hash=False, repr=False)
+    internal: int = field(default=0, compare=False)  # how many of the first addresses are InternalIPs
+
+    @property
+    def internal_ip(self) -> str | None:
+        """The node's first InternalIP (what a direct pool's scrape goes to), None when it has none."""
+        return self.addresses[0] if self.internal else None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any], pool_label: str) -> KubeNode:
@@ -148,11 +154,13 @@ class KubeNode:
         status = obj.get("status") or {}
         labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
         addresses: list[str] = []
+        internal = 0
         for kind in ("InternalIP", "ExternalIP"):
             for entry in status.get("addresses") or ():
                 address = entry.get("address")
                 if entry.get("type") == kind and address and address not in addresses:
                     addresses.append(str(address))
+                    internal += kind == "InternalIP"
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
         )
@@ -162,6 +170,7 @@ class KubeNode:
             addresses=tuple(addresses),
             ready=ready,
             labels=types.MappingProxyType(labels),
+            internal=internal,
         )
 
 

@@ -131,7 +131,8 @@ class AgentMetrics:
             "and no idle connection could be closed", registry=r,
         )
         self.bytes = Counter(
-            "raven_agent_bytes", "Body bytes forwarded, by direction (to_node, from_node)", ["direction"], registry=r
+            "raven_agent_bytes", "Body bytes forwarded, by direction (to_node; from_node: as the node sent "
+            "them; to_gateway: on the uplink, after gzip)", ["direction"], registry=r
         )
         self.refused = Counter("raven_agent_refused_streams", "Streams refused by the agent", ["reason"], registry=r)
         self.nodes_refused = Gauge("raven_agent_nodes_refused",

@@ -30,3 +30,4 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 RAVEN_PREFIX = "x-raven-"
 DEADLINE_HEADER = "x-raven-timeout-ms"  # gateway -> agent: milliseconds left for this request
 CLIENT_HEADER = "x-raven-client"  # gateway -> agent: the fairness key (a hash of the client address)
+COMPRESS_HEADER = "x-raven-compress"  # gateway -> agent: "0" when the pool's uplink is free (pools.<p>.compress)

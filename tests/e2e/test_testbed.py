@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.polling import eventually
-from tests.support.testbed import GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
+from tests.support.testbed import CLOUD_NODES, CLOUD_POOL, GATEWAY_OPS, HEARTBEAT_TIMEOUT, SCRAPE_INTERVAL, Testbed
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -54,6 +54,31 @@ async def test_every_edge_target_is_up_with_the_right_labels(bed: Testbed) -> No
         assert m["instance"] == f"{m['node']}:9400"
     node_exporter = await bed.query('node_exporter_build_info{job="edge-node"}')
     assert len(node_exporter) == 4
+
+
+async def test_an_on_cloud_pool_is_scraped_directly_beside_the_tunnel_pools(bed: Testbed) -> None:
+    """One Prometheus, one discovery: the tunnel pools through Raven, the on-cloud pool (reach: direct) directly."""
+    up = await bed.query('up{job=~"edge-.*|direct-.*"}')
+    assert sorted(up) == sorted(bed.edge_targets() + bed.direct_targets()) and set(up.values()) == {1.0}, up
+    targets = (await bed.get_json("http://10.199.0.2:9090/api/v1/targets"))["data"]["activeTargets"]
+    direct = [t for t in targets if t["labels"]["job"].startswith("direct-")]
+    assert sorted(t["labels"]["instance"] for t in direct) == bed.direct_targets()
+    for t in direct:
+        assert t["labels"]["pool"] == CLOUD_POOL and t["health"] == "up"
+        # By name, which the hosts file maps to the node's own address (hosts.direct: internal-ip): no proxy.
+        assert t["scrapeUrl"].startswith(f"http://{t['labels']['node']}:"), t["scrapeUrl"]
+    hosts = (bed.hosts_dir / "tunnel-nodes").read_text()
+    for name, address in CLOUD_NODES.items():
+        assert f"{address}\t{name}\n" in hosts
+    series = await bed.query('DCGM_FI_DEV_GPU_UTIL{job="direct-dcgm", gpu="0"}')
+    assert sorted(series) == [f"{n}:9400" for n in sorted(CLOUD_NODES)]
+    # The gateway relayed nothing for the direct pool: Prometheus never sent it a request for those nodes.
+    relayed = await bed.query(f'raven_gateway_requests_total{{job="raven-gateway", pool="{CLOUD_POOL}"}}')
+    assert not relayed, relayed
+    sd = await bed.get_json(GATEWAY_OPS + "/sd")
+    reach = {g["labels"]["node"]: g["labels"]["__meta_raven_reach"] for g in sd}
+    assert {n: reach[n] for n in CLOUD_NODES} == dict.fromkeys(CLOUD_NODES, "direct")
+    assert {reach[n] for s in bed.sites for n in s.nodes} == {"tunnel"}
 
 
 async def test_prometheus_needs_credentials_in_both_modes(bed: Testbed) -> None:

@@ -173,7 +173,7 @@ async def test_discovery_filters_by_port_and_pool_and_says_what_it_takes(bed: Be
             ports = {g["labels"]["port"] for g in await resp.json()}
         assert ports == {str(bed.port), "9100"}
         async with http.get(f"{ops}/sd", params={"job": "x"}) as resp:
-            assert resp.status == 400 and "takes port= and pool=" in await resp.text()
+            assert resp.status == 400 and "takes port=, pool=, reach=" in await resp.text()
         async with http.get(f"{ops}/nope") as resp:
             assert resp.status == 404 and "/sd" in await resp.text()
         async with http.post(f"{ops}/sd") as resp:  # a known path with the wrong method stays a 405

@@ -112,3 +112,33 @@ async def test_new_and_deleted_nodes_follow_through(kbed: KBed) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://edge-k-3:{kbed.port}/metrics", proxy=kbed.cluster.front_url) as resp:
             assert resp.status == 200
+
+
+async def test_a_cloud_pools_nodes_are_scraped_directly_by_their_labels(kbed: KBed) -> None:
+    """OpenYurt labels a Cloud NodePool's nodes openyurt.io/is-edge-worker=false: the gateway reads that (no
+    NodePool read, no configuration) as reach: direct; raven.io/reach overrides it."""
+    kbed.kube.add_node("yurt-cloud-1", {LABEL: "yurt-cloud", "openyurt.io/is-edge-worker": "false"},
+                       [("ExternalIP", "203.0.113.9"), "127.0.70.8"])
+    try:
+        async def listed_directly() -> bool:
+            groups = {g["labels"]["node"]: g for g in await kbed.cluster.sd()}
+            cloud = groups.get("yurt-cloud-1")
+            return (cloud is not None and cloud["labels"]["__meta_raven_reach"] == "direct"
+                    and cloud["targets"] == [f"127.0.70.8:{kbed.port}"] and cloud["labels"]["pool"] == "yurt-cloud")
+
+        await poll(listed_directly)
+        assert "yurt-cloud-1" not in kbed.hosts_configmap()  # left to the cluster's own resolution
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://yurt-cloud-1:{kbed.port}/metrics", proxy=kbed.cluster.front_url) as resp:
+                assert resp.status == 421
+                assert "(reach: direct): scrape it without the proxy" in await resp.text()
+        kbed.kube.update_node("yurt-cloud-1", labels={LABEL: "yurt-cloud", "openyurt.io/is-edge-worker": "false",
+                                                      "raven.io/reach": "tunnel"})
+
+        async def through_raven() -> bool:
+            return (f"{SERVICE}\tyurt-cloud-1" in kbed.hosts_configmap()
+                    and "yurt-cloud-1" not in await kbed.sd_nodes())  # a tunnel node is listed once an agent serves it
+
+        await poll(through_raven)
+    finally:
+        kbed.kube.delete_node("yurt-cloud-1")

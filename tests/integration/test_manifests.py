@@ -601,7 +601,7 @@ def test_coredns_shards_patch_mounts_what_the_view_blocks_read(tmp_path: Path) -
 def test_prometheus_scrape_config(tmp_path: Path) -> None:
     path = DEPLOY / "prometheus/scrape-config.yaml"
     jobs = {j["job_name"]: j for j in yaml.safe_load(path.read_text())["scrape_configs"]}
-    assert set(jobs) == {"edge-dcgm", "edge-dcgm-proxy"}
+    assert set(jobs) == {"edge-dcgm", "edge-dcgm-proxy", "direct-dcgm"}
     service = next(d for d in _load_all(DEPLOY / "base/service.yaml") if d["metadata"]["name"] == "raven-gateway")
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     host = f"raven-gateway.{NAMESPACE}.svc"
@@ -611,11 +611,16 @@ def test_prometheus_scrape_config(tmp_path: Path) -> None:
         keep = next(r for r in job["relabel_configs"] if r.get("action") == "labelkeep")
         for label in ("node", "pool", "__address__", "job", "instance"):
             assert re.fullmatch(keep["regex"], label), f"{job['job_name']} drops {label}"
-        port_filter = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
-        assert port_filter["source_labels"] == ["port"] and port_filter["regex"] == str(ports["dcgm"])
+        port_filter = next(r for r in job["relabel_configs"] if r.get("source_labels") == ["port"])
+        assert port_filter["action"] == "keep" and port_filter["regex"] == str(ports["dcgm"])
+        # Each job selects the pools it can reach: through Raven the tunnel pools, directly the others.
+        reach = next(r for r in job["relabel_configs"] if r.get("source_labels") == ["__meta_raven_reach"])
+        wanted = "direct|layer3" if job["job_name"] == "direct-dcgm" else "tunnel"
+        assert (reach["action"], reach["regex"]) == ("keep", wanted)
         # The front end and /sd need the gateway's bearer token (front.auth.token_files).
         assert sd["authorization"]["credentials_file"].endswith("/token")
-    assert "proxy_url" not in jobs["edge-dcgm"]
+    assert "proxy_url" not in jobs["edge-dcgm"] and "proxy_url" not in jobs["direct-dcgm"]
+    assert "authorization" not in jobs["direct-dcgm"]  # the gateway's token is for the gateway, not the node
     assert jobs["edge-dcgm"]["authorization"]["type"] == "Bearer"
     proxy = urlsplit(jobs["edge-dcgm-proxy"]["proxy_url"])
     assert (proxy.hostname, proxy.port, proxy.username) == (host, ports["proxy"], "prometheus")

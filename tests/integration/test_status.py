@@ -76,7 +76,8 @@ async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tm
         assert row[1:4] == [agent, __version__, "2"], row  # each agent's release and agreed protocol
     line = next(x for x in text.splitlines() if x.startswith("st-b-1"))
     assert "pool-b" in line and "502" in line and "cannot connect to node st-b-1" in line
-    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[3] == "200"
+    # columns: NODE POOL REACH AGENTS LAST
+    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[4] == "200"
     as_json = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token),
                                       "-o", "json")
     snap = json.loads(as_json.stdout)

@@ -1,5 +1,5 @@
 """A real topology on one machine: Prometheus in a cloud network namespace scrapes GPU nodes of two
-edge sites by name; the Raven tunnel is the only way in.
+edge sites by name, where the Raven tunnel is the only way in, and an on-cloud GPU node directly.
 
     sudo .venv/bin/python -m tests.support.testbed run   # build it, start everything, wait for Ctrl-C, tear down
 
@@ -8,13 +8,19 @@ gateway (front end on 10.200.0.1:9400 and :9100, the address every edge name res
 dnsmasq serving the gateway's hosts file (as CoreDNS's hosts plugin would) and Debian's
 Prometheus, which finds the targets through the gateway's HTTP service discovery and resolves
 their names through dnsmasq. In each edge site's gateway namespace: two agents. On every GPU
-node: the simulated dcgm-exporter on :9400 and Debian's prometheus-node-exporter on :9100.
+node: the simulated dcgm-exporter on :9400 and Debian's prometheus-node-exporter on :9100. The
+on-cloud node (pool ``cloud-1``, ``reach: direct``, namespace rv-c-n1 on the cloud's own network) runs
+the same two exporters; the gateway lists it (from its configuration) in /sd with reach direct and
+maps its name to its own address in the hosts file (``hosts.direct: internal-ip``), and Prometheus
+scrapes it without the proxy, in jobs of its own. The simulated exporters never compress, so the
+agents gzip their pages for Prometheus (``Accept-Encoding: gzip``).
 Prometheus is reachable from this host at http://10.199.0.2:9090.
 
 With ``replicas=2`` the cloud runs two gateway replicas (10.200.0.11 and .12) behind a Service at
 10.200.0.1 (tests/support/servicelb.py: random per new connection among the ready replicas, as kube-proxy
 does); agents dial every replica by name (``raven-gateway-tunnel``, which the cloud's dnsmasq resolves to both
-addresses, as for a headless Service) and Prometheus scrapes and discovers through the Service address.
+addresses, as for a headless Service) and Prometheus scrapes and discovers through the Service address
+(the replicas are not told of the on-cloud pool).
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ SITES = [
     Site("b", 2, {"gpu-b-1": "10.201.2.11", "gpu-b-2": "10.201.2.12"}),
 ]
 NODE_EXPORTER_ON_EVERY_NODE = True  # as a DaemonSet would run it
+CLOUD_POOL = "cloud-1"
+CLOUD_NODES = {"cloud-gpu-1": "10.200.0.21"}  # node -> address on the cloud network (namespace rv-c-n1)
 
 
 @dataclass
@@ -177,18 +185,26 @@ class Testbed:
             })
             return
 
+        def keep(*reaches: str) -> list[dict[str, Any]]:  # one job per way of reaching a node
+            return [{"source_labels": ["__meta_raven_reach"], "regex": "|".join(reaches), "action": "keep"}]
+
         self._write("prometheus.yml", {
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "scrape_timeout": "1500ms",
                        "evaluation_interval": f"{SCRAPE_INTERVAL:g}s"},
             "scrape_configs": [
                 # Host-header (DNS) mode: names resolve to the gateway; the token in Authorization.
-                {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer},
+                {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer,
+                 "relabel_configs": keep("tunnel")},
                 # Proxy mode: the token as the password of proxy_url's user info (Proxy-Authorization).
                 {"job_name": "edge-node", "http_sd_configs": sd(9100),
-                 "proxy_url": f"http://prometheus:{self.token}@{CLOUD_IP}:9400"},
+                 "proxy_url": f"http://prometheus:{self.token}@{CLOUD_IP}:9400", "relabel_configs": keep("tunnel")},
+                # The on-cloud pool: the same discovery, scraped directly (no proxy, no token for the node).
+                {"job_name": "direct-dcgm", "http_sd_configs": sd(9400), "relabel_configs": keep("direct", "layer3")},
+                {"job_name": "direct-node", "http_sd_configs": sd(9100), "relabel_configs": keep("direct", "layer3")},
                 # The same targets without credentials, in both modes: refused with 401 and 407.
-                {"job_name": "noauth-dcgm", "http_sd_configs": sd(9400)},
-                {"job_name": "noauth-proxy", "http_sd_configs": sd(9100), "proxy_url": f"http://{CLOUD_IP}:9400"},
+                {"job_name": "noauth-dcgm", "http_sd_configs": sd(9400), "relabel_configs": keep("tunnel")},
+                {"job_name": "noauth-proxy", "http_sd_configs": sd(9100), "proxy_url": f"http://{CLOUD_IP}:9400",
+                 "relabel_configs": keep("tunnel")},
                 {"job_name": "raven-gateway", "static_configs": [{"targets": ["127.0.0.1:10265"]}]},
             ],
         })
@@ -208,7 +224,9 @@ class Testbed:
             "tls": self.tls("raven-gateway"),
             "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
             "hosts": {"file": str(self.hosts_dir / "tunnel-nodes"), "service_addresses": [CLOUD_IP],
-                      "debounce": 0.2},
+                      "debounce": 0.2, "direct": "internal-ip"},
+            "pools": {CLOUD_POOL: {"reach": "direct",
+                                   "nodes": [{"name": n, "address": a} for n, a in CLOUD_NODES.items()]}},
             "ready_settle": 0.5,
             # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
             "ready_max_wait": 5,
@@ -297,19 +315,23 @@ class Testbed:
     async def start_agent(self, site: Site, agent: str) -> None:
         await self.spawn(agent, site.namespace, self.raven("agent", "--config", str(self.workdir / f"{agent}.yaml")))
 
+    async def start_exporters(self, node: str, address: str, ns: str) -> None:
+        await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.demo.simexporter", "--no-gzip",
+                                              "--node", f"{node}={address}:9400"])
+        if NODE_EXPORTER_ON_EVERY_NODE:
+            exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+            if exe is None:
+                raise TestbedError("prometheus-node-exporter is not installed (Debian package)")
+            await self.spawn(f"node-exporter-{node}", ns, [exe, f"--web.listen-address={address}:9100"])
+
     async def start(self) -> None:
         await self.topology("up")
         self.make_files()
         for site in self.sites:
             for node, address in site.nodes.items():
-                ns = f"rv-{site.name}-n{node[-1]}"
-                await self.spawn(f"dcgm-{node}", ns, [sys.executable, "-m", "raven.demo.simexporter", "--node",
-                                                      f"{node}={address}:9400"])
-                if NODE_EXPORTER_ON_EVERY_NODE:
-                    exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-                    if exe is None:
-                        raise TestbedError("prometheus-node-exporter is not installed (Debian package)")
-                    await self.spawn(f"node-exporter-{node}", ns, [exe, f"--web.listen-address={address}:9100"])
+                await self.start_exporters(node, address, f"rv-{site.name}-n{node[-1]}")
+        for node, address in CLOUD_NODES.items():
+            await self.start_exporters(node, address, f"rv-c-n{node[-1]}")
         dnsmasq = shutil.which("dnsmasq", path="/usr/sbin:/usr/bin:/sbin:/bin")
         prometheus = shutil.which("prometheus")
         if dnsmasq is None or prometheus is None:
@@ -383,13 +405,18 @@ class Testbed:
     def edge_targets(self) -> list[str]:
         return sorted(f"{n}:{port}" for s in self.sites for n in s.nodes for port in (9400, 9100))
 
+    @staticmethod
+    def direct_targets() -> list[str]:
+        return sorted(f"{n}:{port}" for n in CLOUD_NODES for port in (9400, 9100))
+
     async def wait_all_up(self, timeout: float = 60.0) -> float:
         loop = asyncio.get_running_loop()
         start = loop.time()
         while True:
             try:
-                up = await self.query('up{job=~"edge-.*"}')
-                if sorted(up) == self.edge_targets() and all(v == 1 for v in up.values()):
+                up = await self.query('up{job=~"edge-.*|direct-.*"}')
+                if sorted(up) == sorted(self.edge_targets() + self.direct_targets()) and all(
+                        v == 1 for v in up.values()):
                     return loop.time() - start
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
                 pass
@@ -399,7 +426,7 @@ class Testbed:
 
     async def _safe_up(self) -> object:
         try:
-            return await self.query('up{job=~"edge-.*"}')
+            return await self.query('up{job=~"edge-.*|direct-.*"}')
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             return repr(exc)
 
