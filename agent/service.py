@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 import signal
@@ -337,6 +338,7 @@ class Agent:
         attempt = 0
         gw = self.cfg.gateway
         while not self._stop.is_set():
+            cut = False
             try:
                 if await self._connect_once(http, target, key):
                     attempt = 0
@@ -347,8 +349,14 @@ class Agent:
                 self.metrics.connects.labels("refused").inc()
                 log.error("%s", exc)
             except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
-                self.metrics.connects.labels("failed").inc()
-                log.warning("cannot reach gateway %s: %s", target.url, _describe(exc))
+                cut = unreachable(exc)
+                if cut:  # every unreachable_retry for as long as the uplink is out: once a minute in the log
+                    self.metrics.connects.labels("unreachable").inc()
+                    self._log.log(logging.WARNING, target.key, "unreachable", "cannot reach gateway %s: %s",
+                                  target.url, _describe(exc))
+                else:
+                    self.metrics.connects.labels("failed").inc()
+                    log.warning("cannot reach gateway %s: %s", target.url, _describe(exc))
             if self._stop.is_set():
                 break
             if key in self._retiring:  # its address left DNS while the session lived: do not redial
@@ -357,9 +365,15 @@ class Agent:
                     del self._links[key]
                 log.info("gateway target %s retired", key)
                 return
-            delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
-            attempt += 1
-            log.info("reconnecting to %s in %.2fs (attempt %d)", target.key, delay, attempt)
+            if cut:
+                # The dial reached nobody: there is no gateway load to spare, so no growing backoff (attempt
+                # stays): the next dial comes soon, and a returning uplink is found within seconds.
+                delay = self._rng.uniform(min(gw.backoff_initial, gw.unreachable_retry), gw.unreachable_retry)
+                log.debug("reconnecting to %s in %.2fs (gateway unreachable)", target.key, delay)
+            else:
+                delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
+                attempt += 1
+                log.info("reconnecting to %s in %.2fs (attempt %d)", target.key, delay, attempt)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._stop.wait()
@@ -391,7 +405,9 @@ class Agent:
         gw = self.cfg.gateway
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         res: Resolution | None = None
-        async with aiohttp.ClientSession(connector=connector) as http:
+        # The TCP connect has its own, shorter deadline: one that fails tells a cut uplink from a slow gateway.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(gw.connect_timeout, gw.dial_timeout))
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             try:
                 while not self._stop.is_set():
                     try:
@@ -509,6 +525,18 @@ class Agent:
             gcpause.stop_settling()
         log.info("agent %s stopped", self.name)
         return 0
+
+
+_UNREACHABLE_ERRNOS = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.ETIMEDOUT})
+
+
+def unreachable(exc: BaseException) -> bool:
+    """The dial never reached the gateway: the TCP connect timed out or had no route (not a refusal, not TLS)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return True
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return exc.os_error.errno in _UNREACHABLE_ERRNOS or isinstance(exc.os_error, TimeoutError)
+    return isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError) and exc.errno in _UNREACHABLE_ERRNOS
 
 
 def _describe(exc: BaseException) -> str:

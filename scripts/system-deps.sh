@@ -18,6 +18,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the status page is te
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)  # layer 3: ping across TUN devices
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)  # layer 3: throughput of the packet pump
 command -v nft >/dev/null 2>&1 || need+=(nftables)  # layer-3 testbed: NAT routers in front of the edge sites
+command -v iptables >/dev/null 2>&1 || need+=(iptables)  # testbed: loss and nfqueue delay on shaped uplinks
 command -v node >/dev/null 2>&1 || need+=(nodejs)  # manifests: CRD schema validators (tests/support/validators)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v podman >/dev/null 2>&1 || need+=(podman)  # the image: built and run (scripts/image.sh)

@@ -15,6 +15,7 @@
 # the WAN or the edge LANs.
 #
 # Usage: topology.sh up | down | status | uplink SITE up|down
+#        topology.sh shape SITE RTT_MS LOSS_PCT RATE_KBIT | shape SITE off   (a slow, lossy or cut uplink: below)
 #        topology.sh l3 up | down | status      (the layer-3 topology, below; independent of this one)
 set -eEuo pipefail  # -E: the ERR trap below also fires inside functions
 
@@ -109,6 +110,46 @@ status() {
 uplink() {
     local site=$1 state=$2
     ns "$PREFIX-$site-gw" ip link set wan0 "$state"
+}
+
+# A site's uplink as it really is, both directions, in the namespaces only: each way loses LOSS_PCT % of its
+# packets (iptables' statistic match in the site's gateway namespace; 100: the link is cut, packets vanish, the
+# interface stays up), is limited to RATE_KBIT by a token bucket (tbf, at most 200 ms queued: on the site's wan0
+# for what it sends, on the WAN bridge's port toward the site for what it receives) and, when RTT_MS > 0, goes
+# to nfqueue 0 to wait half the round trip. This kernel has no sch_netem (nor nft's queue): the testbed's
+# tests/support/linkdelay.py holds the queued packets that long; without it they pass at once (queue-bypass).
+shape() {
+    local site=$1 gw=$PREFIX-$1-gw chain dir
+    ns "$gw" ip link show wan0 >/dev/null 2>&1 || { echo "testbed: no site $site (is the testbed up?)" >&2; exit 1; }
+    command -v tc >/dev/null 2>&1 || { echo "testbed: tc (Debian package iproute2) is required" >&2; exit 1; }
+    command -v iptables >/dev/null 2>&1 || { echo "testbed: iptables (Debian package) is required" >&2; exit 1; }
+    ns "$gw" tc qdisc del dev wan0 root 2>/dev/null || true
+    ns "$WAN" tc qdisc del dev "site-$site" root 2>/dev/null || true
+    for chain in OUTPUT:-o INPUT:-i; do
+        ns "$gw" iptables -w -D "${chain%:*}" "${chain#*:}" wan0 -j "RAVEN_LINK_${chain%:*}" 2>/dev/null || true
+        ns "$gw" iptables -w -F "RAVEN_LINK_${chain%:*}" 2>/dev/null || true
+        ns "$gw" iptables -w -X "RAVEN_LINK_${chain%:*}" 2>/dev/null || true
+    done
+    [ "${2:-}" = off ] && return
+    local rtt=${2:?RTT_MS} loss=${3:?LOSS_PCT} rate=${4:?RATE_KBIT}
+    [[ $rtt =~ ^[0-9]+$ && $loss =~ ^[0-9]+(\.[0-9]+)?$ && $rate =~ ^[0-9]+$ && $rate -ge 8 ]] &&
+        awk -v l="$loss" 'BEGIN { exit !(l <= 100) }' ||
+        { echo "testbed: shape SITE RTT_MS LOSS_PCT RATE_KBIT: whole ms, loss 0-100 %, rate >= 8 kbit/s" >&2; exit 2; }
+    local burst=$(( rate * 1000 / 8 / 100 > 3200 ? rate * 1000 / 8 / 100 : 3200 ))  # 10 ms of rate, >= 2 MTUs
+    ns "$gw" tc qdisc replace dev wan0 root tbf rate "${rate}kbit" burst "$burst" latency 200ms
+    ns "$WAN" tc qdisc replace dev "site-$site" root tbf rate "${rate}kbit" burst "$burst" latency 200ms
+    for chain in OUTPUT:-o INPUT:-i; do
+        dir=RAVEN_LINK_${chain%:*}
+        ns "$gw" iptables -w -N "$dir"
+        if awk -v l="$loss" 'BEGIN { exit !(l >= 100) }'; then
+            ns "$gw" iptables -w -A "$dir" -j DROP
+        elif awk -v l="$loss" 'BEGIN { exit !(l > 0) }'; then
+            ns "$gw" iptables -w -A "$dir" -m statistic --mode random \
+                --probability "$(awk -v l="$loss" 'BEGIN { printf "%.6f", l / 100 }')" -j DROP
+        fi
+        [ "$rtt" -gt 0 ] && ns "$gw" iptables -w -A "$dir" -j NFQUEUE --queue-num 0 --queue-bypass
+        ns "$gw" iptables -w -I "${chain%:*}" "${chain#*:}" wan0 -j "$dir"
+    done
 }
 
 # ------------------------------------------------------------------ the layer-3 topology (issue 12)
@@ -210,6 +251,8 @@ case "${1:-}" in
     down) down; echo "testbed: down" ;;
     status) status ;;
     uplink) uplink "${2:?site}" "${3:?up|down}" ;;
+    shape) shape "${2:?site}" "${@:3}" ;;
     l3) l3 "${2:-}" ;;
-    *) echo "usage: $0 up | down | status | uplink SITE up|down | l3 up|down|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up | down | status | uplink SITE up|down | shape SITE RTT_MS LOSS_PCT RATE_KBIT|off" \
+            "| l3 up|down|status" >&2; exit 2 ;;
 esac

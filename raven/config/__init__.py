@@ -444,8 +444,20 @@ class AgentGateway(_Model):
     url: str = Field("wss://raven-gateway:10262/tunnel", description="wss:// URL of the gateway tunnel")
     server_name: str | None = Field(None, description="name to verify in the gateway certificate")
     dial_timeout: Seconds = 10.0
+    connect_timeout: Seconds = Field(
+        3.0, description="TCP connect to the gateway (within dial_timeout); a dial that cannot even connect this "
+        "long never reached the gateway (the uplink is down) and is retried within unreachable_retry",
+    )
     backoff_initial: Seconds = 0.5
-    backoff_max: Seconds = 30.0
+    backoff_max: Seconds = Field(
+        30.0, description="reconnect backoff cap (exponential, full jitter) after a dial the gateway refused or "
+        "failed: it spreads a fleet's reconnects over this long when a gateway comes back",
+    )
+    unreachable_retry: Seconds = Field(
+        2.0, description="after a dial that never reached the gateway (no route, TCP connect timed out), the next "
+        "one comes within this (jittered), however long the outage: a returning uplink is found within seconds, "
+        "and dials that reach nobody cost the gateway nothing (docs/uplinks.md)",
+    )
     resolver: HostPort | None = Field(
         None, description="DNS server (IP:PORT) for the gateway's name; default: the system's resolv.conf"
     )

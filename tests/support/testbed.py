@@ -364,6 +364,26 @@ class Testbed:
         with contextlib.suppress(TestbedError):
             await self.topology("down")
 
+    # ------------------------------------------------------------ uplinks (issue 20: slow, lossy, cut)
+
+    async def shape_uplink(self, site: Site, rtt_ms: int, loss_pct: float, rate_kbit: int) -> None:
+        """Both directions of ``site``'s uplink: half of ``rtt_ms`` each way, ``loss_pct`` % lost each way (100:
+        cut), ``rate_kbit``. The delay is held by tests/support/linkdelay.py in the site's gateway namespace."""
+        name = f"linkdelay-{site.name}"
+        delay = f"{rtt_ms / 2:g}"
+        p = self.processes.get(name)
+        if p is not None and (not p.running or p.argv[-1] != delay):
+            await self.stop(name, grace=5)
+            p = None
+        if p is None and rtt_ms > 0:
+            await self.spawn(name, site.namespace, [sys.executable, "-m", "tests.support.linkdelay", "--queue", "0",
+                                                    "--delay-ms", delay])
+        await self.topology("shape", site.name, str(rtt_ms), f"{loss_pct:g}", str(rate_kbit))
+
+    async def unshape_uplink(self, site: Site) -> None:
+        await self.topology("shape", site.name, "off")
+        await self.stop(f"linkdelay-{site.name}", grace=5)
+
     # ------------------------------------------------------------ observing (through Prometheus)
 
     async def get_json(self, url: str, params: dict[str, str] | None = None) -> Any:

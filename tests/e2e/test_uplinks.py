@@ -1,0 +1,55 @@
+"""Scraping through a bad uplink (issue 20, item 3): the real Prometheus scrapes 50 simulated nodes of site a
+through the tunnel every 5 s, with the product's default heartbeat and reconnect settings, while site a's uplink
+is slow and lossy (150 ms round trip, 1 % lost each way, 5 Mbit/s), then cut for 30 s and restored.
+
+Correctness only: no failed scrape while the link is merely bad, no session dropped by the heartbeat then, and
+every node scraped successfully again after the link returns (a generous bound). The figures (durations, how
+fast the way back is) are printed, not asserted: bench/bench_uplink.py measures them, docs/uplinks.md has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from tests.support.linkbed import LOSSY, LinkBed, lossy_phase, outage_phase
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+INTERVAL = 5.0
+OUTAGE = 30.0
+WAY_BACK_BOUND = 60.0  # generous: the agents' redial within 2 s, a handshake over 150 ms, SD refresh, one scrape
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LinkBed]:
+    tb = LinkBed(tmp_path_factory.mktemp("raven-uplinks"), count=50, scrape_interval=INTERVAL)
+    try:
+        await tb.start()
+        await tb.wait_all_up(150)
+        yield tb
+    finally:
+        await tb.close()
+
+
+async def test_a_slow_lossy_uplink_fails_no_scrape_and_drops_no_session(bed: LinkBed) -> None:
+    out = await lossy_phase(bed, LOSSY, 40)
+    print(f"\nlossy link: {out['scrapes']:.0f} scrapes, {out['failed']:.0f} failed, duration p50 "
+          f"{out['p50'] * 1000:.0f} ms p99 {out['p99'] * 1000:.0f} ms max {out['max'] * 1000:.0f} ms, heartbeat drops "
+          f"{out['heartbeat_drops']}")
+    assert out["scrapes"] >= 50 * 6, out  # every node scraped about every 5 s for 40 s
+    assert out["failed"] == 0, out
+    assert out["heartbeat_drops"] == 0, out["drops_by_process"]
+
+
+async def test_after_a_30s_cut_every_node_is_scraped_again(bed: LinkBed) -> None:
+    out = await outage_phase(bed, LOSSY, OUTAGE, bound=WAY_BACK_BOUND)
+    print(f"\noutage {OUTAGE:g}s: sessions gone {out['sessions_gone_after']:.1f}s after the cut; after the return: "
+          f"sessions back {out['sessions_back_after']:.1f}s, every node scraped OK {out['every_node_up_after']:.1f}s")
+    assert out["sessions_gone_after"] < OUTAGE, out  # the heartbeat noticed the cut (and the scrapes failed)
+    late = {n: t for n, t in out["nodes_back"].items() if t == float("inf")}
+    assert len(out["nodes_back"]) == len(bed.busy.nodes) and not late, late
+    other = await bed.query(f'up{{job="edge-dcgm", pool="{bed.sites[1].pool}"}}')
+    assert set(other.values()) == {1.0}, other  # the other site never noticed
