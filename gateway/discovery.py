@@ -46,12 +46,18 @@ def parse_query(query: Mapping[str, str], getall: Any, allowed_ports: Sequence[i
     return ports, set(getall("pool", [])), reaches
 
 
-def groups(reachable: Iterable[NodeEntry], known: Iterable[NodeEntry], pools: Pools, ports: Sequence[int],
+def groups(bound: Iterable[NodeEntry], known: Iterable[NodeEntry], pools: Pools, ports: Sequence[int],
            wanted_pools: set[str], reaches: set[str]) -> list[dict[str, Any]]:
-    """The target groups: tunnel pools' nodes that have an agent now, and every other pool's known nodes."""
+    """The target groups: tunnel pools' nodes still bound to their pool (with an agent now, or whose agents
+    left less than ``node_rebind_after`` ago), and every other pool's known nodes.
+
+    A tunnel node whose agents are gone (a cut uplink) stays a target, answered 503 by the front end: Prometheus
+    records the outage as ``up == 0`` instead of dropping the target, and scrapes it again at its next interval
+    once an agent is back, without waiting for a discovery refresh. ``__meta_raven_connected`` says which.
+    """
     out: list[dict[str, Any]] = []
     if not reaches or "tunnel" in reaches:
-        for entry in reachable:
+        for entry in bound:
             if (wanted_pools and entry.pool not in wanted_pools) or not pools.tunnelled(entry.pool):
                 continue
             for port in ports:
@@ -59,6 +65,7 @@ def groups(reachable: Iterable[NodeEntry], known: Iterable[NodeEntry], pools: Po
                     "targets": [f"{entry.name}:{port}"],
                     "labels": {"node": entry.name, "pool": entry.pool, "port": str(port),
                                "__meta_raven_reach": "tunnel",
+                               "__meta_raven_connected": "true" if entry.sessions else "false",
                                "__meta_raven_agents": ",".join(sorted({s.agent for s in entry.sessions}))},
                 })
     if reaches == {"tunnel"}:

@@ -373,7 +373,7 @@ class Gateway:
                                                           self.cfg.front.allowed_ports)
         except discovery.BadQuery as exc:
             return web.Response(status=400, text=f"{exc}\n")
-        return web.json_response(discovery.groups(self.registry.reachable_nodes(), self.registry.known_nodes(),
+        return web.json_response(discovery.groups(self.registry.bound_nodes(), self.registry.known_nodes(),
                                                   self.pools, ports, pools, reaches))
 
     async def start(self) -> None:

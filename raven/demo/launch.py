@@ -272,7 +272,7 @@ class LocalCluster:
                     for group in await self.sd(replica):
                         labels = group["labels"]
                         if labels.get("__meta_raven_reach", "tunnel") == "tunnel":  # others need no agent
-                            have[labels["node"]] = len(labels["__meta_raven_agents"].split(","))
+                            have[labels["node"]] = len([a for a in labels["__meta_raven_agents"].split(",") if a])
                     if not all(have.get(node, 0) >= n for node, n in want.items()):
                         done = False
                         break

@@ -47,8 +47,11 @@ async def test_a_slow_lossy_uplink_fails_no_scrape_and_drops_no_session(bed: Lin
 async def test_after_a_30s_cut_every_node_is_scraped_again(bed: LinkBed) -> None:
     out = await outage_phase(bed, LOSSY, OUTAGE, bound=WAY_BACK_BOUND)
     print(f"\noutage {OUTAGE:g}s: sessions gone {out['sessions_gone_after']:.1f}s after the cut; after the return: "
-          f"sessions back {out['sessions_back_after']:.1f}s, every node scraped OK {out['every_node_up_after']:.1f}s")
+          f"sessions back {out['sessions_back_after']:.1f}s, every node scraped OK {out['every_node_up_after']:.1f}s; "
+          f"up == 0 during the cut: {out['down_during_cut']} nodes")
     assert out["sessions_gone_after"] < OUTAGE, out  # the heartbeat noticed the cut (and the scrapes failed)
+    # The cut site's nodes stayed discovery targets (bound to their pool), so the outage is up == 0, not gone.
+    assert out["down_during_cut"] == len(bed.busy.nodes), out
     late = {n: t for n, t in out["nodes_back"].items() if t == float("inf")}
     assert len(out["nodes_back"]) == len(bed.busy.nodes) and not late, late
     other = await bed.query(f'up{{job="edge-dcgm", pool="{bed.sites[1].pool}"}}')

@@ -207,11 +207,15 @@ async def outage_phase(bed: LinkBed, link: Link, seconds: float, bound: float) -
     await bed.shape_uplink(site, link.rtt_ms, 100, link.rate_kbit)
     cut = loop.time()
     sessions_gone = float("inf")
+    down_during_cut = -1  # the site's targets Prometheus recorded as up == 0 near the cut's end
     while loop.time() - cut < seconds:
-        if sessions_gone == float("inf"):
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError):
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError):
+            if sessions_gone == float("inf"):
                 if await bed.sessions_of(site.pool) == 0:
                     sessions_gone = loop.time() - cut
+            elif down_during_cut < 0 and loop.time() - cut > seconds - 3:
+                up = await bed.query(f'up{{job="edge-dcgm", pool="{site.pool}"}}')
+                down_during_cut = sum(1 for v in up.values() if v == 0.0)
         await asyncio.sleep(0.25)
     await bed.shape_uplink(site, link.rtt_ms, link.loss_pct, link.rate_kbit)
     back_at = time.time()
@@ -232,4 +236,4 @@ async def outage_phase(bed: LinkBed, link: Link, seconds: float, bound: float) -
                 break
     worst = max(nodes_back.values()) if len(nodes_back) == len(site.nodes) else float("inf")
     return {"link": link, "outage": seconds, "sessions_gone_after": sessions_gone, "sessions_back_after": sessions_back,
-            "every_node_up_after": worst, "nodes_back": nodes_back}
+            "every_node_up_after": worst, "nodes_back": nodes_back, "down_during_cut": down_during_cut}

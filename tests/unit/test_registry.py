@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gateway.registry import AgentSession, Registry
@@ -271,3 +272,32 @@ def test_every_refusal_has_a_fixed_label() -> None:
     _, refused = reg.register(a, infos)
     labels = {refusal_label(reason) for _, reason in refused}
     assert "other" not in labels, refused
+
+
+def test_a_node_whose_agents_left_stays_a_discovery_target_while_bound(tmp_path: Path) -> None:
+    """A cut uplink: the node stays in /sd (answered 503, so Prometheus records up == 0 and scrapes it again at
+    its next interval) until ``rebind_after``; a withdrawn node leaves at once."""
+    from gateway import discovery
+    from gateway.pools import Pools
+    from tests.unit.test_pools import gateway_config
+
+    reg = Registry(rebind_after=60)
+    a = agent("a1", {"pool-a"})
+    reg.add_session(a)
+    reg.register(a, [node("edge-1", "pool-a"), node("edge-2", "pool-a")])
+    reg.register(a, [node("edge-1", "pool-a")])  # edge-2 withdrawn
+    reg.remove_session(a)
+    released = reg.nodes["edge-1"].released_at
+    assert released is not None and reg.reachable_nodes() == []
+    assert [e.name for e in reg.bound_nodes(now=released + 59)] == ["edge-1"]
+    assert reg.bound_nodes(now=released + 61) == []
+    pools = Pools(gateway_config(tmp_path))
+    groups = discovery.groups(reg.bound_nodes(now=released + 1), reg.known_nodes(), pools, [9400], set(), set())
+    assert [(g["targets"], g["labels"]["__meta_raven_connected"], g["labels"]["__meta_raven_agents"])
+            for g in groups] == [(["edge-1:9400"], "false", "")]
+    b = agent("a2", {"pool-a"}, sid="s2")
+    reg.add_session(b)
+    reg.register(b, [node("edge-1", "pool-a")])
+    groups = discovery.groups(reg.bound_nodes(), reg.known_nodes(), pools, [9400], set(), set())
+    assert [(g["labels"]["__meta_raven_connected"], g["labels"]["__meta_raven_agents"]) for g in groups] == [
+        ("true", "a2")]
