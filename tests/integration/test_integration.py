@@ -293,8 +293,9 @@ async def test_no_agent_for_pool_is_503(bed: Bed) -> None:
     try:
         await bed.cluster.stop(agent, signal.SIGKILL)
 
-        async def gone() -> bool:
-            return all(g["labels"]["pool"] != "pool-b" for g in await bed.cluster.sd())
+        async def gone() -> bool:  # still a target (bound to its pool, so up == 0 is recorded), but unconnected
+            groups = [g for g in await bed.cluster.sd() if g["labels"]["pool"] == "pool-b"]
+            return bool(groups) and all(g["labels"]["__meta_raven_connected"] == "false" for g in groups)
 
         await eventually(gone)
         status, _, body = await fetch(bed, pool.nodes[0].name)
@@ -545,8 +546,9 @@ async def test_frozen_agent_is_detected_by_the_heartbeat(bed: Bed) -> None:
     try:
         start = time.monotonic()
 
-        async def gone() -> bool:
-            return all(g["labels"]["pool"] != "pool-b" for g in await bed.cluster.sd())
+        async def gone() -> bool:  # still a target (bound to its pool, so up == 0 is recorded), but unconnected
+            groups = [g for g in await bed.cluster.sd() if g["labels"]["pool"] == "pool-b"]
+            return bool(groups) and all(g["labels"]["__meta_raven_connected"] == "false" for g in groups)
 
         await eventually(gone, timeout=20)
         assert time.monotonic() - start < 15  # deadline 2.5 s in this suite; generous bound
@@ -598,4 +600,7 @@ async def test_everything_back_at_zero_after_agents_stop(bed: Bed) -> None:
     assert sum(streams.values()) == 0
     nodes = await metric_values(cluster.gateway_metrics_port, "raven_gateway_nodes")
     assert sum(nodes.values()) == 0
-    assert await cluster.sd() == []
+    # Their nodes stay bound to their pools (node_rebind_after): targets Prometheus records as down, not gone.
+    groups = await cluster.sd()
+    assert groups and {g["labels"]["__meta_raven_connected"] for g in groups} == {"false"}
+    assert {g["labels"]["__meta_raven_agents"] for g in groups} == {""}

@@ -130,8 +130,9 @@ def _labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
 def test_monitoring_component_objects() -> None:
     docs = render(MONITORING)
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
-    assert kinds == [("PodMonitor", "raven-agent"), ("PrometheusRule", "raven"), ("ScrapeConfig", "raven-edge-dcgm"),
-                     ("Service", "raven-gateway-metrics"), ("ServiceMonitor", "raven-gateway")]
+    assert kinds == [("PodMonitor", "raven-agent"), ("PrometheusRule", "raven"), ("ScrapeConfig", "raven-direct-dcgm"),
+                     ("ScrapeConfig", "raven-edge-dcgm"), ("Service", "raven-gateway-metrics"),
+                     ("ServiceMonitor", "raven-gateway")]
     for doc in docs:
         if schemas.is_custom(doc):
             # kube-prometheus-stack's default selectors want the Helm release's label (README.md says how to change it)
@@ -212,6 +213,16 @@ def test_scrape_config_matches_the_gateway_and_the_plain_job() -> None:
     assert "proxyUrl" not in scrape and "proxy_url" not in plain
     as_prometheus = [{_snake(k): v for k, v in r.items()} for r in scrape["relabelings"]]
     assert as_prometheus == plain["relabel_configs"]
+
+    # The direct pools' job: the same discovery, no proxy, no token for the nodes, the other reaches.
+    direct = get(render(MONITORING), "ScrapeConfig", "raven-direct-dcgm")["spec"]
+    plain_direct = {j["job_name"]: j for j in yaml.safe_load((DEPLOY / "prometheus/scrape-config.yaml").read_text())[
+        "scrape_configs"]}[direct["jobName"]]
+    (direct_sd,) = direct["httpSDConfigs"]
+    assert direct_sd["url"] == sd["url"] == plain_direct["http_sd_configs"][0]["url"]
+    assert direct_sd["authorization"] == sd["authorization"]
+    assert "authorization" not in direct and "authorization" not in plain_direct
+    assert [{_snake(k): v for k, v in r.items()} for r in direct["relabelings"]] == plain_direct["relabel_configs"]
 
 
 def _snake(key: str) -> str:

@@ -73,7 +73,7 @@ async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tm
     assert f"gateway gw-1 (replica of 1, release {__version__}, tunnel protocol 1,2)" in text and "ready" in text
     for agent in ("agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1"):
         row = next(x for x in text.splitlines() if agent in x).split()
-        assert row[1:4] == [agent, __version__, "2"], row  # each agent's release and agreed protocol
+        assert row[1:5] == ["tunnel", agent, __version__, "2"], row  # each agent's release and agreed protocol
     line = next(x for x in text.splitlines() if x.startswith("st-b-1"))
     assert "pool-b" in line and "502" in line and "cannot connect to node st-b-1" in line
     # columns: NODE POOL REACH AGENTS LAST
