@@ -19,8 +19,8 @@ Prometheus is reachable from this host at http://10.199.0.2:9090.
 With ``replicas=2`` the cloud runs two gateway replicas (10.200.0.11 and .12) behind a Service at
 10.200.0.1 (tests/support/servicelb.py: random per new connection among the ready replicas, as kube-proxy
 does); agents dial every replica by name (``raven-gateway-tunnel``, which the cloud's dnsmasq resolves to both
-addresses, as for a headless Service) and Prometheus scrapes and discovers through the Service address
-(the replicas are not told of the on-cloud pool).
+addresses, as for a headless Service) and Prometheus scrapes and discovers through the Service address;
+every replica has the same pools (the on-cloud one too), as replicas of one Deployment would.
 """
 
 from __future__ import annotations
@@ -225,14 +225,18 @@ class Testbed:
             "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
             "hosts": {"file": str(self.hosts_dir / "tunnel-nodes"), "service_addresses": [CLOUD_IP],
                       "debounce": 0.2, "direct": "internal-ip"},
-            "pools": {CLOUD_POOL: {"reach": "direct",
-                                   "nodes": [{"name": n, "address": a} for n, a in CLOUD_NODES.items()]}},
+            "pools": self._cloud_pools(),
             "ready_settle": 0.5,
             # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
             "ready_max_wait": 5,
             "drain_linger": 0.5,
             "drain_grace": 5,
         })
+
+    @staticmethod
+    def _cloud_pools() -> dict[str, Any]:
+        """The on-cloud pool as the gateway's configuration names it: reached directly, its nodes' addresses."""
+        return {CLOUD_POOL: {"reach": "direct", "nodes": [{"name": n, "address": a} for n, a in CLOUD_NODES.items()]}}
 
     def write_replica_config(self, replica: int) -> Path:
         """Replica ``replica`` (1, 2) of the gateway behind the Service: its own address, ports as in a pod."""
@@ -247,7 +251,8 @@ class Testbed:
             "metrics_listen": f"{ip}:10265",
             "tls": self.tls("raven-gateway"),
             "limits": {"heartbeat_interval": 1, "heartbeat_timeout": HEARTBEAT_TIMEOUT},
-            "hosts": {"service_addresses": [CLOUD_IP], "debounce": 0.2},
+            "hosts": {"service_addresses": [CLOUD_IP], "debounce": 0.2, "direct": "internal-ip"},
+            "pools": self._cloud_pools(),
             # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
             "ready_max_wait": 5,
             # Longer than the Service's probe period (0.5 s): the Service has taken the replica out by then.
