@@ -7,8 +7,8 @@ paces its share) that scrapes every name at --rate (667/s: 10,000 targets every 
 after --warmup, in these modes:
 
 - ``pool``: Host-header requests over a pool of --pool-size keep-alive connections;
-- ``per-node``: one keep-alive connection per node name, as Prometheus holds them in DNS mode (all opened
-  before the first scrape);
+- ``per-node``: one keep-alive connection per node name, as Prometheus holds them in DNS mode (each opened at
+  its name's first scrape, in the warm-up);
 - ``direct``: the generator straight to the simulated exporter (no Raven), over a pool: what the generator and
   the exporter themselves add to a scrape.
 
@@ -142,8 +142,7 @@ async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, p
                    exporter_host: str, pids: dict[str, list[int]], metrics_ports: dict[str, int]) -> Run:
     run = Run(mode)
     total = args.pools * args.nodes_per_pool
-    ramp = 5.0 + (total / args.workers / 2000 if mode == "per-node" else 0.0) * 5  # time to open the connections
-    start = time.monotonic() + ramp
+    start = time.monotonic() + 3.0  # the workers' start-up
     measured = start + args.warmup
     end = measured + args.duration
     target = (exporter_host, port) if mode == "direct" else ("127.0.0.1", cluster.front_port)

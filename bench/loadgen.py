@@ -7,8 +7,9 @@ when it is due, whatever the others are doing). Modes:
 
 - ``pool``: the worker's share of ``--pool-size`` keep-alive connections to the front end; a due scrape takes
   an idle one or waits for one (first come, first served);
-- ``per-node``: one keep-alive connection per owned name, as Prometheus in DNS mode holds them; all are
-  opened before the first scrape;
+- ``per-node``: one keep-alive connection per owned name, as Prometheus in DNS mode holds them, each opened
+  at its name's first scrape (the first cycle, ``total / rate`` seconds, opens them all: keep the warm-up
+  longer than that);
 - ``direct``: the same as ``pool``, but to the exporter itself (no Raven): the generator's and the exporter's
   own share of a scrape's latency.
 
@@ -55,7 +56,8 @@ class _Client(asyncio.Protocol):
             self.waiter.set_exception(ConnectionResetError("connection lost"))
 
     def request(self, data: bytes) -> asyncio.Future[int]:
-        assert self.transport is not None
+        if self.transport is None or self.closed or self.transport.is_closing():
+            raise ConnectionResetError("connection closed by the server")
         self.waiter = asyncio.get_running_loop().create_future()
         self._buf.clear()
         self._left = -1
@@ -227,9 +229,6 @@ class Worker:
     async def run(self) -> None:
         args = self.args
         loop = asyncio.get_running_loop()
-        if args.mode == "per-node":  # every connection is open before the first scrape, as Prometheus holds them
-            for i in self.mine:
-                self.per_node[i] = await self.connect()
         period = args.total / args.rate
         # name i is due at start + i / rate + k * period
         schedule = sorted((i / args.rate, i) for i in self.mine)
