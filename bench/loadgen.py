@@ -220,7 +220,7 @@ class Worker:
                 conn.transport.close()
                 conn.closed = True
         except OSError as exc:
-            status = type(exc).__name__
+            status = f"{type(exc).__name__}:{exc.errno}" if exc.errno else type(exc).__name__
         finally:
             if conn is not None:
                 self.give_back(conn)
