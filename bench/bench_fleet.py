@@ -95,6 +95,11 @@ def gc_buckets(text: str) -> dict[tuple[str, float], float]:
             for s in f.samples if s.name == "raven_gc_pause_seconds_bucket"}
 
 
+def sample(text: str, name: str) -> float | None:
+    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return found[0] if found else None
+
+
 def gc_window(before: dict[tuple[str, float], float], after: dict[tuple[str, float], float]) -> str:
     """Collections between two readings, per generation, and the bucket of the longest one."""
     out = []
@@ -117,6 +122,7 @@ class Run:
     fds: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: collections.defaultdict(list))
     load: list[float] = field(default_factory=list)
     gc: dict[str, str] = field(default_factory=dict)
+    frozen: dict[str, float | None] = field(default_factory=dict)
     reading: list[tuple[float, float]] = field(default_factory=list)  # windows with the metrics reader on
 
 
@@ -171,7 +177,9 @@ async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, p
             await asyncio.sleep(min(5.0, max(0.0, end - time.monotonic())))
         run.cpu = {k: sum(proc_stat(p)[0] for p in v) - cpu0[k] for k, v in pids.items()}
         run.seconds = time.monotonic() - measured
-        run.gc = {k: gc_window(gc0[k], gc_buckets(await fetch_metrics(http, p))) for k, p in metrics_ports.items()}
+        pages = {k: await fetch_metrics(http, p) for k, p in metrics_ports.items()}
+        run.gc = {k: gc_window(gc0[k], gc_buckets(text)) for k, text in pages.items()}
+        run.frozen = {k: sample(text, "raven_gc_frozen_objects") for k, text in pages.items()}
     if reader is not None:
         await reader
     for out in await asyncio.gather(*outputs):
@@ -257,7 +265,8 @@ def report(run: Run, args: argparse.Namespace) -> None:
         first_fds = run.fds[kind][0][1] if run.fds[kind] else 0
         print(f"  {kind}: RSS {first_rss / 1024:.0f} MiB, slope {slope(run.rss[kind]):+.0f} KiB/min; "
               f"descriptors {first_fds:.0f}, slope {slope(run.fds[kind]):+.1f}/min")
-    print(f"  GC during the measured window: gateway {run.gc.get('gateway')}")
+    print(f"  GC during the measured window: gateway {run.gc.get('gateway')}; objects frozen at the end: "
+          f"{run.frozen.get('gateway')}")
     agents = {k: v for k, v in run.gc.items() if k != "gateway"}
     if agents:
         longest = max(agents.items(), key=lambda kv: kv[1])

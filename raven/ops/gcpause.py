@@ -18,9 +18,10 @@ that was tens of milliseconds every couple of minutes, in every process at once.
   closed connection's objects are: none of them is left to a collection); only cyclic garbage among frozen
   objects waits for the next full walk: the first settle and then one every ``SETTLE_FULL_INTERVAL`` thaw
   everything and run one full collection (one pause as long as a full collection of the live state, logged).
-* :class:`GcCollector` exports ``raven_gc_pause_seconds{generation}`` (a histogram) and
-  ``raven_gc_pause_max_seconds{generation}`` (the longest pause since the process started) into a service's
-  registry; the settles' own collections count too.
+* :class:`GcCollector` exports ``raven_gc_pause_seconds{generation}`` (a histogram),
+  ``raven_gc_pause_max_seconds{generation}`` (the longest pause since the process started),
+  ``raven_gc_frozen_objects`` and ``raven_gc_settles_total`` into a service's registry; the settles' own
+  collections count too.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("raven.gc")
@@ -195,3 +196,7 @@ class GcCollector(Collector):
             longest.add_metric([str(gen)], p.max[gen])
         yield hist
         yield longest
+        yield GaugeMetricFamily("raven_gc_frozen_objects", "Objects kept out of the collector's way by the last "
+                                "settle (gc.freeze), alive or not yet freed", value=gc.get_freeze_count())
+        yield CounterMetricFamily("raven_gc_settles", "Settles (young collection, then freeze) of this process",
+                                  value=_SETTLER.settles)

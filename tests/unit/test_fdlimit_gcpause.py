@@ -87,6 +87,8 @@ def test_collections_are_timed_exported_and_settling_freezes_the_survivors() -> 
         assert samples[("raven_gc_pause_seconds_count", "0", None)] >= 1
         assert samples[("raven_gc_pause_max_seconds", "2", None)] > 0
         assert samples[("raven_gc_pause_seconds_sum", "2", None)] >= samples[("raven_gc_pause_max_seconds", "2", None)]
+        assert samples[("raven_gc_frozen_objects", None, None)] >= 100_000
+        assert samples[("raven_gc_settles_total", None, None)] == 1
 
 
 def test_later_settles_freeze_new_long_lived_objects_without_a_full_collection() -> None:
