@@ -157,7 +157,7 @@ async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, p
         "--per-pool", str(args.nodes_per_pool), "--host", target[0], "--target-port", str(target[1]),
         "--port", str(port), "--token", token, "--mode", mode, "--rate", str(args.rate),
         "--pool-size", str(args.pool_size), "--start", repr(start), "--seconds", str(args.warmup + args.duration),
-        stdout=asyncio.subprocess.PIPE) for k in range(args.workers)]
+        *(["--identity"] if args.identity else []), stdout=asyncio.subprocess.PIPE) for k in range(args.workers)]
     outputs = [asyncio.ensure_future(p.communicate()) for p in procs]
     reader = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -299,6 +299,8 @@ def cli() -> int:
     parser.add_argument("--read-metrics", type=float, default=0.0, metavar="SECONDS",
                         help="read every service's /metrics this often in alternate windows (0: never)")
     parser.add_argument("--phase-seconds", type=float, default=30.0, help="window length for --read-metrics")
+    parser.add_argument("--identity", action="store_true",
+                        help="ask for uncompressed pages (default: gzip, as Prometheus asks; the page is ~3 KiB then)")
     parser.add_argument("--no-gc-tuning", action="store_true", help="run the services with RAVEN_GC_TUNING=off")
     args = parser.parse_args()
     try:

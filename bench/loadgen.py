@@ -134,7 +134,7 @@ class Worker:
         total = args.total
         self.mine = [i for i in range(total) if i % args.workers == args.index]
         self.requests = {i: (f"GET /metrics HTTP/1.1\r\nHost: node-{args.name_of(i)}:{args.port}\r\n"
-                             f"Authorization: Bearer {args.token}\r\nAccept: */*\r\n\r\n").encode()
+                             f"Authorization: Bearer {args.token}\r\nAccept: */*\r\n{args.encoding}\r\n").encode()
                          for i in self.mine}
         self.idle: collections.deque[_Client] = collections.deque()
         self.waiting: collections.deque[asyncio.Future[_Client]] = collections.deque()
@@ -274,7 +274,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start", type=float, required=True, help="time.monotonic() of the first scrape")
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--identity", action="store_true", help="ask for uncompressed pages (Prometheus asks for gzip)")
     args = p.parse_args(argv)
+    args.encoding = "" if args.identity else "Accept-Encoding: gzip\r\n"
     per_pool = args.per_pool
     args.name_of = lambda i: f"{i // per_pool}-{i % per_pool}"
     return args
