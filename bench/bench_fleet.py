@@ -2,17 +2,24 @@
 
 One real gateway (bearer token, as in production), --pools real agents of --nodes-per-pool node names each
 (10 x 1,000 by default; each pool's names share one simulated dcgm-exporter process listener), and a load
-generator that scrapes every name at a paced --rate (667/s: 10,000 targets every 15 s) for --duration seconds
-after --warmup, in two modes:
+generator of --workers processes (bench/loadgen.py: each owns a slice of the names and of the connections and
+paces its share) that scrapes every name at --rate (667/s: 10,000 targets every 15 s) for --duration seconds
+after --warmup, in these modes:
 
 - ``pool``: Host-header requests over a pool of --pool-size keep-alive connections;
-- ``per-node``: one keep-alive connection per node name, as Prometheus holds them in DNS mode (every name
-  resolves to the gateway: the client's resolver here answers the gateway's address for every name).
+- ``per-node``: one keep-alive connection per node name, as Prometheus holds them in DNS mode (each opened at
+  its name's first scrape, in the warm-up);
+- ``direct``: the generator straight to the simulated exporter (no Raven), over a pool: what the generator and
+  the exporter themselves add to a scrape.
 
-It prints, per mode: achieved rate, failures by status, latency p50/p99/p99.9/max, CPU milliseconds per scrape
-of the gateway and of the agents together, the gateway's and the agents' RSS and descriptor slopes over the
-run (per minute, from samples every 5 s), and the longest GC pause per process where the services expose
-one (any ``raven_gc_*`` metric with ``max`` or ``longest`` in its name).
+It prints, per mode: achieved rate, failures by status, latency p50/p99/p99.9/max (from the request's write to
+its last byte) and the worst one-second windows, the generator's own lag (how late scrapes were sent after they
+were due) and CPU per scrape, CPU milliseconds per scrape of the gateway and of the agents, the gateway's and
+the agents' RSS and descriptor slopes over the run (per minute, from samples every 5 s), the garbage
+collections of each process during the measured window (from ``raven_gc_pause_seconds``), and the machine's
+load average. With --read-metrics N a reader fetches the gateway's and every agent's /metrics every N seconds
+(as Prometheus scraping both services would) in alternate --phase-seconds windows, and the p99 of those windows
+is compared with the others' (goal: within 1.2x).
 
     .venv/bin/python bench/bench_fleet.py --duration 600
 
@@ -24,12 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
-import random
 import resource
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -37,25 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client.parser import text_string_to_metric_families
 
 from raven.demo.launch import LocalCluster, PoolSpec, free_port
 from raven.demo.simexporter import SimNode
 
-
-class EverythingIsTheGateway(AbstractResolver):
-    """DNS mode: every node name resolves to the gateway's address."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
-        return [{"hostname": host, "host": self.address, "port": port, "family": socket.AF_INET, "proto": 0,
-                 "flags": socket.AI_NUMERICHOST}]
-
-    async def close(self) -> None:
-        return None
+LOADGEN = Path(__file__).with_name("loadgen.py")
 
 
 def proc_stat(pid: int) -> tuple[float, int, int]:
@@ -88,90 +81,112 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def gc_pauses(port: int) -> float | None:
-    """The longest GC pause a service reports (seconds), if it exposes one."""
+async def fetch_metrics(http: aiohttp.ClientSession, port: int) -> str:
     try:
-        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
-            text = await resp.text()
-    except aiohttp.ClientError:
-        return None
-    found = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-             if s.name.startswith("raven_gc_") and ("max" in s.name or "longest" in s.name)]
-    return max(found) if found else None
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            return await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+
+
+def gc_buckets(text: str) -> dict[tuple[str, float], float]:
+    """(generation, le) -> cumulative count of ``raven_gc_pause_seconds``."""
+    return {(s.labels["generation"], float(s.labels["le"])): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "raven_gc_pause_seconds_bucket"}
+
+
+def sample(text: str, name: str) -> float | None:
+    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return found[0] if found else None
+
+
+def gc_window(before: dict[tuple[str, float], float], after: dict[tuple[str, float], float]) -> str:
+    """Collections between two readings, per generation, and the bucket of the longest one."""
+    out = []
+    for gen in ("0", "1", "2"):
+        les = sorted(le for g, le in after if g == gen)
+        delta = {le: after[(gen, le)] - before.get((gen, le), 0.0) for le in les}
+        total = delta[les[-1]] if les else 0
+        longest = next((le for le in les if delta[le] == total), float("nan")) if total else 0.0
+        out.append(f"gen{gen} {total:.0f} (longest <= {longest * 1000:g} ms)")
+    return ", ".join(out)
 
 
 @dataclass
 class Run:
     mode: str
-    latencies: list[float] = field(default_factory=list)
-    failures: collections.Counter[str] = field(default_factory=collections.Counter)
-    sent: int = 0
+    records: list[tuple[float, float, float, str]] = field(default_factory=list)  # due, lag, latency, status
     seconds: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
     rss: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: collections.defaultdict(list))
     fds: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: collections.defaultdict(list))
+    load: list[float] = field(default_factory=list)
+    gc: dict[str, str] = field(default_factory=dict)
+    frozen: dict[str, float | None] = field(default_factory=dict)
+    reading: list[tuple[float, float]] = field(default_factory=list)  # windows with the metrics reader on
 
 
-async def paced(cluster: LocalCluster, names: list[str], port: int, token: str, mode: str, rate: float,
-                seconds: float, pool_size: int, pids: dict[str, list[int]], run: Run | None) -> None:
-    headers = {"Authorization": f"Bearer {token}"}
-    if mode == "pool":
-        connector = aiohttp.TCPConnector(limit=pool_size, force_close=False, keepalive_timeout=60)
-    else:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=1, keepalive_timeout=60,
-                                         resolver=EverythingIsTheGateway("127.0.0.1"), ttl_dns_cache=None)
-    timeout = aiohttp.ClientTimeout(total=10)
-    order = names[:]
-    random.Random(1).shuffle(order)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as http:
-        front = cluster.front_port
+async def read_metrics_loop(ports: list[int], every: float, phase: float, start: float, end: float,
+                            run: Run) -> None:
+    """Alternate windows of ``phase`` seconds: odd ones read every service's /metrics every ``every`` seconds."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        k = 0
+        while start + k * phase < end:
+            w0, w1 = start + k * phase, min(end, start + (k + 1) * phase)
+            if k % 2:
+                run.reading.append((w0, w1))
+                t = w0
+                while t < w1:
+                    await asyncio.sleep(max(0.0, t - time.monotonic()))
+                    await asyncio.gather(*(fetch_metrics(http, p) for p in ports))
+                    t += every
+            await asyncio.sleep(max(0.0, w1 - time.monotonic()))
+            k += 1
 
-        async def one(name: str) -> None:
-            start = time.perf_counter()
-            if mode == "pool":
-                url, extra = f"http://127.0.0.1:{front}/metrics", {"Host": f"{name}:{port}"}
-            else:  # Prometheus in DNS mode: http://<node>:<port>/metrics, the Service maps the port to the front end
-                url, extra = f"http://{name}:{front}/metrics", {"Host": f"{name}:{port}"}
-            try:
-                async with http.get(url, headers=extra) as resp:
-                    await resp.read()
-                    code = str(resp.status)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                code = type(exc).__name__
-            if run is not None:
-                if code == "200":
-                    run.latencies.append(time.perf_counter() - start)
-                else:
-                    run.failures[code] += 1
 
-        tasks: set[asyncio.Task[None]] = set()
-        t0 = time.monotonic()
-        next_sample = t0
+async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, port: int, token: str,
+                   exporter_host: str, pids: dict[str, list[int]], metrics_ports: dict[str, int]) -> Run:
+    run = Run(mode)
+    total = args.pools * args.nodes_per_pool
+    start = time.monotonic() + 3.0  # the workers' start-up
+    measured = start + args.warmup
+    end = measured + args.duration
+    target = (exporter_host, port) if mode == "direct" else ("127.0.0.1", cluster.front_port)
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, str(LOADGEN), "--index", str(k), "--workers", str(args.workers), "--total", str(total),
+        "--per-pool", str(args.nodes_per_pool), "--host", target[0], "--target-port", str(target[1]),
+        "--port", str(port), "--token", token, "--mode", mode, "--rate", str(args.rate),
+        "--pool-size", str(args.pool_size), "--start", repr(start), "--seconds", str(args.warmup + args.duration),
+        *(["--identity"] if args.identity else []), stdout=asyncio.subprocess.PIPE) for k in range(args.workers)]
+    outputs = [asyncio.ensure_future(p.communicate()) for p in procs]
+    reader = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        await asyncio.sleep(max(0.0, measured - time.monotonic()))
+        gc0 = {k: gc_buckets(await fetch_metrics(http, p)) for k, p in metrics_ports.items()}
+        if args.read_metrics and mode != "direct":
+            reader = asyncio.ensure_future(read_metrics_loop(list(metrics_ports.values()), args.read_metrics,
+                                                             args.phase_seconds, measured, end, run))
+        pids = {**pids, "generator": [p.pid for p in procs]}
         cpu0 = {k: sum(proc_stat(p)[0] for p in v) for k, v in pids.items()}
-        i = 0
-        while True:
-            now = time.monotonic()
-            if now - t0 >= seconds:
-                break
-            if run is not None and now >= next_sample:
-                for kind, group in pids.items():
-                    stats = [proc_stat(p) for p in group]
-                    run.rss[kind].append((now - t0, sum(s[1] for s in stats)))
-                    run.fds[kind].append((now - t0, sum(s[2] for s in stats)))
-                next_sample += 5
-            due = int((now - t0) * rate)
-            while i < due:
-                task = asyncio.get_running_loop().create_task(one(order[i % len(order)]))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                i += 1
-            await asyncio.sleep(0.002)
-        if tasks:
-            await asyncio.wait(tasks, timeout=15)
-        if run is not None:
-            run.sent = i
-            run.seconds = time.monotonic() - t0
-            run.cpu = {k: sum(proc_stat(p)[0] for p in v) - cpu0[k] for k, v in pids.items()}
+        while (now := time.monotonic()) < end:
+            for kind, group in pids.items():
+                stats = [proc_stat(p) for p in group]
+                run.rss[kind].append((now - measured, sum(s[1] for s in stats)))
+                run.fds[kind].append((now - measured, sum(s[2] for s in stats)))
+            run.load.append(os.getloadavg()[0])
+            await asyncio.sleep(min(5.0, max(0.0, end - time.monotonic())))
+        run.cpu = {k: sum(proc_stat(p)[0] for p in v) - cpu0[k] for k, v in pids.items()}
+        run.seconds = time.monotonic() - measured
+        pages = {k: await fetch_metrics(http, p) for k, p in metrics_ports.items()}
+        run.gc = {k: gc_window(gc0[k], gc_buckets(text)) for k, text in pages.items()}
+        run.frozen = {k: sample(text, "raven_gc_frozen_objects") for k, text in pages.items()}
+    if reader is not None:
+        await reader
+    for out in await asyncio.gather(*outputs):
+        data = json.loads(out[0])
+        run.records += [tuple(r) for r in data["records"] if r[0] >= args.warmup]
+    run.reading = [(a - measured, b - measured) for a, b in run.reading]
+    return run
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -186,61 +201,87 @@ async def main(args: argparse.Namespace) -> int:
     exporters = [SimNode(f"exporter-{p}", f"127.0.30.{p + 1}", port, size=args.size) for p in range(args.pools)]
     pools = [PoolSpec(f"pool-{p}", [SimNode(f"node-{p}-{k}", exporters[p].host, port)
                                     for k in range(args.nodes_per_pool)], agents=1) for p in range(args.pools)]
-    names = [n.name for pool in pools for n in pool.nodes]
     token = secrets.token_hex(32)
     exporter_cmd = [sys.executable, "-m", "raven.demo.simexporter", "--size", str(args.size), "--gpus", "8",
                     "--stats-interval", "3600",
                     *(a for e in exporters for a in ("--node", f"{e.name}={e.host}:{port}"))]
     exporter = await asyncio.create_subprocess_exec(*exporter_cmd, stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=(workdir / "exporter.log").open("wb"))
-    cluster = LocalCluster(workdir, pools, allowed_ports=[port], front_token=token,
-                           gateway_settings={"log_level": "warning", **args.gateway_settings},
-                           agent_settings={"log_level": "warning"})
+    env = {"RAVEN_GC_TUNING": "off"} if args.no_gc_tuning else {}
+    cluster = LocalCluster(workdir, pools, allowed_ports=[port], front_token=token, env=env,
+                           gateway_settings={"log_level": "warning"}, agent_settings={"log_level": "warning"})
     results: list[Run] = []
     try:
         await asyncio.sleep(1)
         await cluster.start(timeout=120)
         assert cluster.gateway is not None
         pids = {"gateway": [cluster.gateway.process.pid],
-                "agents": [a.process.pid for a in cluster.agents.values()]}
-        print(f"{total} nodes in {args.pools} pools, {args.size} B pages, {args.rate:g} scrapes/s, "
-              f"{args.warmup:g}s warm-up + {args.duration:g}s per mode; one gateway, {args.pools} agents (TLS 1.3)")
+                "agents": [a.process.pid for a in cluster.agents.values()],
+                "exporter": [exporter.pid]}
+        metrics_ports = {"gateway": cluster.gateway_metrics_port,
+                         **{name: agent.metrics_port for name, agent in cluster.agents.items()}}
+        print(f"{total} nodes in {args.pools} pools, {args.size} B pages, {args.rate:g} scrapes/s from "
+              f"{args.workers} generator processes, {args.warmup:g}s warm-up + {args.duration:g}s per mode; "
+              f"one gateway, {args.pools} agents (TLS 1.3); GC tuning {'off' if args.no_gc_tuning else 'on'}",
+              flush=True)
         for mode in args.modes:
-            await paced(cluster, names, port, token, mode, args.rate, args.warmup, args.pool_size, pids, None)
-            run = Run(mode)
-            await paced(cluster, names, port, token, mode, args.rate, args.duration, args.pool_size, pids, run)
+            run = await one_mode(cluster, args, mode, port, token, exporters[0].host, pids, metrics_ports)
             results.append(run)
             report(run, args)
-        gc = {"gateway": await gc_pauses(cluster.gateway_metrics_port)}
-        for name, agent in cluster.agents.items():
-            gc[name] = await gc_pauses(agent.metrics_port)
-        if any(v is not None for v in gc.values()):
-            print("longest GC pause: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in gc.items() if v is not None))
-        else:
-            print("longest GC pause: the services expose no raven_gc_* metric")
     finally:
         await cluster.close()
         exporter.terminate()
         await exporter.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    return 0 if all(not r.failures for r in results) else 2
+    return 0 if all(all(r[3] == "200" for r in run.records) for run in results) else 2
+
+
+def latency_line(records: list[tuple[float, float, float, str]]) -> str:
+    ms = [r[2] * 1000 for r in records if r[3] == "200"]
+    return (f"p50 {pct(ms, 0.5):.1f}  p99 {pct(ms, 0.99):.1f}  p99.9 {pct(ms, 0.999):.1f}  "
+            f"max {max(ms, default=float('nan')):.1f}")
 
 
 def report(run: Run, args: argparse.Namespace) -> None:
-    ok = len(run.latencies)
-    ms = [v * 1000 for v in run.latencies]
-    print(f"\n{run.mode}: {run.sent} scrapes sent in {run.seconds:.0f}s, {ok / run.seconds:.0f}/s answered 200 "
-          f"(target {args.rate:g}/s); failures: {dict(run.failures) or 'none'}")
-    print(f"  latency ms: p50 {pct(ms, 0.5):.1f}  p99 {pct(ms, 0.99):.1f}  p99.9 {pct(ms, 0.999):.1f}  "
-          f"max {max(ms, default=float('nan')):.1f}")
-    scrapes = max(1, run.sent)
-    print(f"  CPU ms per scrape: gateway {run.cpu['gateway'] * 1000 / scrapes:.3f}, "
-          f"agents {run.cpu['agents'] * 1000 / scrapes:.3f}")
+    recs = run.records
+    ok = [r for r in recs if r[3] == "200"]
+    failures = collections.Counter(r[3] for r in recs if r[3] != "200")
+    print(f"\n{run.mode}: {len(recs)} scrapes in {run.seconds:.0f}s, {len(ok) / run.seconds:.0f}/s answered 200 "
+          f"(target {args.rate:g}/s); failures: {dict(failures) or 'none'}")
+    print(f"  latency ms (write to last byte): {latency_line(recs)}")
+    lag = [r[1] * 1000 for r in recs]
+    print(f"  generator lag ms (sent after due): p50 {pct(lag, 0.5):.1f}  p99 {pct(lag, 0.99):.1f}  "
+          f"max {max(lag, default=float('nan')):.1f}")
+    by_second: dict[int, list[float]] = collections.defaultdict(list)
+    for r in ok:
+        by_second[int(r[0] - args.warmup)].append(r[2] * 1000)
+    worst = sorted(by_second.items(), key=lambda kv: -max(kv[1]))[:5]
+    print("  worst seconds (t: max ms / p99 ms): " + ", ".join(
+        f"{t}s: {max(v):.0f}/{pct(v, 0.99):.0f}" for t, v in sorted(worst)))
+    scrapes = max(1, len(recs))
+    print("  CPU ms per scrape: " + ", ".join(f"{k} {v * 1000 / scrapes:.3f}" for k, v in run.cpu.items()))
     for kind in ("gateway", "agents"):
         first_rss = run.rss[kind][0][1] if run.rss[kind] else 0
         first_fds = run.fds[kind][0][1] if run.fds[kind] else 0
         print(f"  {kind}: RSS {first_rss / 1024:.0f} MiB, slope {slope(run.rss[kind]):+.0f} KiB/min; "
               f"descriptors {first_fds:.0f}, slope {slope(run.fds[kind]):+.1f}/min")
+    print(f"  GC during the measured window: gateway {run.gc.get('gateway')}; objects frozen at the end: "
+          f"{run.frozen.get('gateway')}")
+    agents = {k: v for k, v in run.gc.items() if k != "gateway"}
+    if agents:
+        longest = max(agents.items(), key=lambda kv: kv[1])
+        print(f"  GC agents (one shown, of {len(agents)}): {longest[0]} {longest[1]}")
+    if run.reading:
+        def inside(t: float) -> bool:
+            return any(a <= t - args.warmup < b for a, b in run.reading)
+        read = [r for r in recs if inside(r[0])]
+        quiet = [r for r in recs if not inside(r[0])]
+        p_read = pct([r[2] for r in read if r[3] == "200"], 0.99)
+        p_quiet = pct([r[2] for r in quiet if r[3] == "200"], 0.99)
+        print(f"  reading /metrics every {args.read_metrics:g}s: {latency_line(read)}; without: "
+              f"{latency_line(quiet)}; p99 ratio {p_read / p_quiet:.2f}")
+    print(f"  machine load average (1 min) during the run: {min(run.load, default=0):.1f}-"
+          f"{max(run.load, default=0):.1f}", flush=True)
 
 
 def cli() -> int:
@@ -252,9 +293,16 @@ def cli() -> int:
     parser.add_argument("--warmup", type=float, default=30, help="seconds before measuring (default 30)")
     parser.add_argument("--size", type=int, default=50 * 1024, help="page size in bytes (default 51200)")
     parser.add_argument("--pool-size", type=int, default=200, help="connections in pool mode (default 200)")
-    parser.add_argument("--modes", nargs="+", choices=["pool", "per-node"], default=["pool", "per-node"])
+    parser.add_argument("--workers", type=int, default=2, help="load generator processes (default 2)")
+    parser.add_argument("--modes", nargs="+", choices=["direct", "pool", "per-node"],
+                        default=["direct", "pool", "per-node"])
+    parser.add_argument("--read-metrics", type=float, default=0.0, metavar="SECONDS",
+                        help="read every service's /metrics this often in alternate windows (0: never)")
+    parser.add_argument("--phase-seconds", type=float, default=30.0, help="window length for --read-metrics")
+    parser.add_argument("--identity", action="store_true",
+                        help="ask for uncompressed pages (default: gzip, as Prometheus asks; the page is ~3 KiB then)")
+    parser.add_argument("--no-gc-tuning", action="store_true", help="run the services with RAVEN_GC_TUNING=off")
     args = parser.parse_args()
-    args.gateway_settings = {}
     try:
         import uvloop
     except ImportError:

@@ -111,6 +111,7 @@ class Gateway:
             "front end", self._front_limits(cfg),
             on_refused=lambda label: self.metrics.front_refused.labels(label).inc(),
             proven_cap=self._targets_cap,
+            on_grown=gcpause.settle_soon,  # keep-alive connections are long-lived: frozen out of the GC's way
         )
         self.metrics.front_connections.labels("authenticated").set_function(
             lambda: self.front_guard.connections - self.front_guard.unproven)

@@ -8,14 +8,20 @@ that was tens of milliseconds every couple of minutes, in every process at once.
   ``gc.callbacks`` and raises the young-generation threshold, so that a busy data path triggers fewer, still
   small, collections (``GC_THRESHOLDS``).
 * :func:`settle_soon` is called when the long-lived state changed (start-up, a registration, an inventory
-  change, a session up or down). Once that has been quiet for ``SETTLE_QUIET`` seconds (and at most once per
-  ``SETTLE_MIN_INTERVAL``), one full collection runs and everything that survives is frozen (``gc.freeze()``):
-  automatic collections no longer walk it, and a settle's own collection walks only what was not frozen yet. At
-  least every ``SETTLE_MAX_INTERVAL`` the frozen set is thawed and walked too, so that cyclic garbage among
-  once-frozen objects is reclaimed.
-* :class:`GcCollector` exports ``raven_gc_pause_seconds{generation}`` (a histogram) and
-  ``raven_gc_pause_max_seconds{generation}`` (the longest pause since the process started) into a service's
-  registry; the settles' own collections count too.
+  change, a session up or down, the front end's connections grew by a step). Once that has been quiet for
+  ``SETTLE_QUIET`` seconds (at most once per ``SETTLE_MIN_INTERVAL``, and no later than ``SETTLE_MAX_WAIT``
+  after the first change even if changes go on), everything alive is frozen (``gc.freeze()``): automatic
+  collections no longer walk it. A settle collects only the young generations first (0 and 1, a few
+  milliseconds) and freezes the rest as it is, without walking it: a full collection walks every live object,
+  and with 10,000 keep-alive connections (about 30 tracked objects each) that was a 300-900 ms stall of the
+  whole process, once per settle. Objects frozen that die later are still freed by their reference counts (a
+  closed connection's objects are: none of them is left to a collection); only cyclic garbage among frozen
+  objects waits for the next full walk: the first settle and then one every ``SETTLE_FULL_INTERVAL`` thaw
+  everything and run one full collection (one pause as long as a full collection of the live state, logged).
+* :class:`GcCollector` exports ``raven_gc_pause_seconds{generation}`` (a histogram),
+  ``raven_gc_pause_max_seconds{generation}`` (the longest pause since the process started),
+  ``raven_gc_frozen_objects`` and ``raven_gc_settles_total`` into a service's registry; the settles' own
+  collections count too.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("raven.gc")
@@ -41,8 +47,10 @@ GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 # those it would walk).
 GC_THRESHOLDS = (10_000, 10, 10)
 SETTLE_QUIET = 5.0  # seconds without a change before settling
-SETTLE_MIN_INTERVAL = 60.0  # between two settles (a reconnect storm settles once, after it)
-SETTLE_MAX_INTERVAL = 900.0  # a settle at least this often, to reclaim garbage among frozen objects
+SETTLE_MIN_INTERVAL = 10.0  # between two settles (a reconnect storm settles once, after it)
+SETTLE_MAX_WAIT = 30.0  # a settle no later than this after the first change, even if changes go on
+SETTLE_MAX_INTERVAL = 900.0  # a settle at least this often (the state may change without a notice)
+SETTLE_FULL_INTERVAL = 3600.0  # a full walk (thaw, collect everything, freeze) at least this often
 
 
 class GcPauses:
@@ -69,9 +77,11 @@ class GcPauses:
 class _Settler:
     def __init__(self) -> None:
         self.handle: asyncio.TimerHandle | None = None
-        self.last = time.monotonic()
-        self.thawed = self.last - SETTLE_MAX_INTERVAL  # the first settle walks everything
+        self.last = time.monotonic() - SETTLE_MIN_INTERVAL
+        self.thawed = self.last - SETTLE_FULL_INTERVAL  # the first settle walks everything
+        self.pending_since: float | None = None  # the first change not settled yet
         self.settles = 0
+        self.full_walks = 0
 
     def soon(self) -> None:
         try:
@@ -80,23 +90,33 @@ class _Settler:
             return
         if self.handle is not None:
             self.handle.cancel()
-        delay = max(SETTLE_QUIET, self.last + SETTLE_MIN_INTERVAL - time.monotonic())
+        now = time.monotonic()
+        if self.pending_since is None:
+            self.pending_since = now
+        delay = max(SETTLE_QUIET, self.last + SETTLE_MIN_INTERVAL - now)
+        delay = min(delay, max(0.0, self.pending_since + SETTLE_MAX_WAIT - now))
         self.handle = loop.call_later(delay, self.settle)
 
     def settle(self) -> None:
-        """Collect what is not frozen yet (a full collection walks only that), then freeze the survivors; every
-        ``SETTLE_MAX_INTERVAL`` the frozen objects are thawed and walked too."""
+        """Collect the young generations and freeze everything alive; every ``SETTLE_FULL_INTERVAL`` (and the
+        first time) thaw and collect everything first, so that cyclic garbage among frozen objects goes."""
         self.handle = None
+        self.pending_since = None
         started = time.perf_counter()
-        if time.monotonic() - self.thawed >= SETTLE_MAX_INTERVAL:
+        full = time.monotonic() - self.thawed >= SETTLE_FULL_INTERVAL
+        if full:
             gc.unfreeze()
+            gc.collect()
             self.thawed = time.monotonic()
-        gc.collect()
+            self.full_walks += 1
+        else:
+            gc.collect(1)
         gc.freeze()
         self.last = time.monotonic()
         self.settles += 1
-        log.debug("gc settled in %.1f ms: %d objects frozen", (time.perf_counter() - started) * 1000,
-                  gc.get_freeze_count())
+        took = (time.perf_counter() - started) * 1000
+        (log.info if full else log.debug)("gc settled%s in %.1f ms: %d objects frozen",
+                                          " (full walk)" if full else "", took, gc.get_freeze_count())
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -144,6 +164,11 @@ def settles() -> int:
     return _SETTLER.settles
 
 
+def full_walks() -> int:
+    """How many settles thawed and walked everything (for tests)."""
+    return _SETTLER.full_walks
+
+
 class GcCollector(Collector):
     """Exports the process's collection pauses into one service's registry."""
 
@@ -171,3 +196,7 @@ class GcCollector(Collector):
             longest.add_metric([str(gen)], p.max[gen])
         yield hist
         yield longest
+        yield GaugeMetricFamily("raven_gc_frozen_objects", "Objects kept out of the collector's way by the last "
+                                "settle (gc.freeze), alive or not yet freed", value=gc.get_freeze_count())
+        yield CounterMetricFamily("raven_gc_settles", "Settles (young collection, then freeze) of this process",
+                                  value=_SETTLER.settles)

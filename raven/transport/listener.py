@@ -79,6 +79,8 @@ def _canned(status: str, reason: str) -> bytes:
 
 _IDLE, _HEAD, _BUSY = 0, 1, 2
 
+GROWTH_STEP = 256  # authenticated connections: ConnectionGuard.on_grown is called at most every this many
+
 READ_BUFFER = 124 * 1024  # under the services' 128 KiB mmap threshold: the copy of a full read stays on the heap
 
 
@@ -246,6 +248,7 @@ class ConnectionGuard:
         limits: GuardLimits,
         on_refused: Callable[[str], None] | None = None,
         proven_cap: Callable[[], int] | None = None,
+        on_grown: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.limits = limits
@@ -261,6 +264,11 @@ class ConnectionGuard:
         self._log = RateLimitedLog(log)
         self.draining = False
         self._empty_waiters: list[asyncio.Future[None]] = []
+        # Called when the authenticated connections grew by a step (GROWTH_STEP, or an eighth) since the last
+        # call: their objects are long-lived state, which the service freezes out of the collector's way
+        # (raven.ops.gcpause.settle_soon); otherwise every full collection walks all of them.
+        self.on_grown = on_grown
+        self._grown_from = 0
 
     @property
     def connections(self) -> int:
@@ -325,6 +333,7 @@ class ConnectionGuard:
         if not proven:
             self._unproven_total -= 1
         self._over_total -= over
+        self._grown_from = min(self._grown_from, len(self._conns) - self._unproven_total)
         if not self._conns:
             waiters, self._empty_waiters = self._empty_waiters, []
             for fut in waiters:
@@ -380,6 +389,11 @@ class ConnectionGuard:
         else:
             self._unproven.pop(client, None)
         self._unproven_total -= 1
+        if self.on_grown is not None:
+            proven = len(self._conns) - self._unproven_total
+            if proven - self._grown_from >= max(GROWTH_STEP, self._grown_from // 8):
+                self._grown_from = proven
+                self.on_grown()
         return None
 
     def proven(self, request: web.BaseRequest) -> bool:

@@ -87,3 +87,58 @@ def test_collections_are_timed_exported_and_settling_freezes_the_survivors() -> 
         assert samples[("raven_gc_pause_seconds_count", "0", None)] >= 1
         assert samples[("raven_gc_pause_max_seconds", "2", None)] > 0
         assert samples[("raven_gc_pause_seconds_sum", "2", None)] >= samples[("raven_gc_pause_max_seconds", "2", None)]
+        assert samples[("raven_gc_frozen_objects", None, None)] >= 100_000
+        assert samples[("raven_gc_settles_total", None, None)] == 1
+
+
+def test_later_settles_freeze_new_long_lived_objects_without_a_full_collection() -> None:
+    # The first settle walks everything; the next ones collect the young generations and freeze the rest as
+    # it is: a full collection of 10,000 keep-alive connections' objects stalled the gateway for 300-900 ms.
+    out = run_child(
+        "import asyncio, gc, json\n"
+        "from raven.ops import gcpause\n"
+        "gcpause.install()\n"
+        "async def main():\n"
+        "    gcpause.SETTLE_QUIET = 0.01\n"
+        "    gcpause.SETTLE_MIN_INTERVAL = 0\n"
+        "    gcpause.settle_soon()\n"
+        "    while gcpause.settles() < 1:\n"
+        "        await asyncio.sleep(0.01)\n"
+        "    frozen = gc.get_freeze_count()\n"
+        "    keep = [[i] for i in range(100_000)]\n"
+        "    gc.collect(1)\n"  # the new objects are old now (generation 2), as connections held a while are
+        "    full = sum(gcpause.PAUSES.buckets[2])\n"
+        "    gcpause.settle_soon()\n"
+        "    while gcpause.settles() < 2:\n"
+        "        await asyncio.sleep(0.01)\n"
+        "    gcpause.stop_settling()\n"
+        "    print(json.dumps({'frozen': gc.get_freeze_count() - frozen, 'kept': len(keep),\n"
+        "        'full_during_second': sum(gcpause.PAUSES.buckets[2]) - full, 'walks': gcpause.full_walks()}))\n"
+        "asyncio.run(main())\n"
+    )
+    data = json.loads(out.splitlines()[-1])
+    assert data["frozen"] >= 100_000  # the new long-lived objects were frozen by the second settle
+    assert data["full_during_second"] == 0  # without walking them (nor the frozen set) in a full collection
+    assert data["walks"] == 1  # only the first settle walked everything
+
+
+def test_settling_is_not_postponed_forever_by_changes_that_go_on() -> None:
+    # A steady trickle of changes (connections opening one by one) must not keep the new state unfrozen.
+    out = run_child(
+        "import asyncio, json\n"
+        "from raven.ops import gcpause\n"
+        "gcpause.install()\n"
+        "async def main():\n"
+        "    gcpause.SETTLE_QUIET = 0.5\n"
+        "    gcpause.SETTLE_MIN_INTERVAL = 0\n"
+        "    gcpause.SETTLE_MAX_WAIT = 0.2\n"
+        "    for _ in range(400):\n"  # a change every 10 ms, never 0.5 s of quiet, for at most 4 s
+        "        gcpause.settle_soon()\n"
+        "        if gcpause.settles():\n"
+        "            break\n"
+        "        await asyncio.sleep(0.01)\n"
+        "    gcpause.stop_settling()\n"
+        "    print(json.dumps({'settles': gcpause.settles()}))\n"
+        "asyncio.run(main())\n"
+    )
+    assert json.loads(out.splitlines()[-1])["settles"] >= 1, out
