@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from agent.checks import Policy
+from agent.control import GatewayControl
 from agent.forwarder import Forwarder
 from agent.layer3 import AgentLayer3
 from agent.targets import DialTarget, Resolution, resolve
@@ -36,11 +37,12 @@ from raven.ops import gcpause
 from raven.ops.fdlimit import AGENT_FD_OVERHEAD, check_descriptors
 from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
-from raven.protocol import handshake, wire
+from raven.protocol import wire
 from raven.protocol.handshake import HandshakeRefused
+from raven.transport.connect import connect
 from raven.transport.session import Session
 from raven.transport.tls import CertReloader, expiries
-from raven.transport.websocket import WebSocketSink, messages
+from raven.transport.websocket import messages
 
 if TYPE_CHECKING:
     from raven.kube import KubeNode
@@ -122,6 +124,7 @@ class Agent:
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self._rng = random.Random()
         self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
+        self.control = GatewayControl(self.refused, self.metrics, self.layer3, self._log)
 
     def apply_config(self, new: AgentConfig) -> None:
         """Take over a reloaded configuration without dropping a session: the node list (re-registered),
@@ -241,12 +244,7 @@ class Agent:
         hello = wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window, lim.max_streams_per_session,
                            release=version.RELEASE)
         try:
-            async with asyncio.timeout(lim.handshake_timeout):
-                await ws.send_bytes(wire.encode(hello))
-                msg = await ws.receive()
-            if msg.type != aiohttp.WSMsgType.BINARY:
-                raise HandshakeRefused(f"gateway closed the tunnel during the handshake ({msg.type.name})")
-            welcome = handshake.read_welcome(msg.data, self.limits)
+            session, welcome = await connect(ws, hello, limits=self.limits, timeout=lim.handshake_timeout)
             if self.draining:
                 raise HandshakeRefused("agent is stopping: not starting a new session")
             if welcome.replica in self.replica_sessions:
@@ -261,46 +259,17 @@ class Agent:
                 self._links_changed.set()
             self._live_links.add(key)
             try:
-                await self._serve(ws, hello, welcome)
+                await self._serve(ws, session, hello, welcome)
             finally:
                 self._live_links.discard(key)
             return True
         finally:
             await ws.close()
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, welcome: wire.Welcome) -> None:
-        registered = asyncio.Event()
-
-        def on_control(frame: wire.ControlFrame) -> None:
-            if isinstance(frame, wire.Registered):
-                # A large answer comes as several REGISTERED frames, each with part of it.
-                self.refused.update(frame.refused)
-                self.metrics.nodes_refused.set(len(self.refused))
-                # What a gateway sends is logged at most once a minute per replica and kind (with a count).
-                peer = f"gateway {welcome.replica}"
-                for name, reason in frame.refused:
-                    self._log.log(logging.ERROR, peer, "refused", "gateway %s refused node %r: %s", welcome.replica,
-                                  name, reason)
-                self._log.info(peer, "registered", "gateway %s accepted %d node(s), refused %d", welcome.replica,
-                               len(frame.accepted), len(frame.refused))
-                registered.set()
-            elif isinstance(frame, wire.Routes):
-                if self.layer3 is not None:
-                    self.layer3.on_routes(session, frame)
-            elif isinstance(frame, wire.Drain):
-                # The gateway finishes its streams in flight, then closes; we redial after that.
-                self._log.info(f"gateway {welcome.replica}", "drain", "gateway %s is draining: %s", welcome.replica,
-                               frame.reason)
-
-        session = Session.after_handshake(
-            WebSocketSink(ws),
-            handshake.agent_side(hello, welcome),
-            opener=False,
-            name=f"gw:{welcome.replica}",
-            limits=self.limits,
-            on_open=self.forwarder.on_open,
-            on_control=on_control,
-        )
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Session, hello: wire.Hello,
+                     welcome: wire.Welcome) -> None:
+        session.on_open = self.forwarder.on_open
+        self.control.attach(session, welcome.replica)
         if self._kube_synced.is_set() or not self.cfg.kubernetes.enabled:
             # With Kubernetes, the first REGISTER waits for the Node list (set_kube_nodes sends it):
             # a partial list would withdraw nodes the pool still has.
@@ -327,7 +296,7 @@ class Agent:
             self.metrics.sessions.set(len(self.sessions))
             gcpause.settle_soon()
             # Ending because this agent or that gateway is draining is the normal way: INFO, not WARNING.
-            expected = self.draining or session.peer_draining
+            expected = self.draining or session.core.peer_draining
             log.log(logging.INFO if expected else logging.WARNING, "session to gateway %s ended: %s",
                     welcome.replica, session.close_reason)
 

@@ -39,9 +39,10 @@ from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, Proc
 from raven.protocol import handshake, wire
-from raven.transport.session import Session, Stream
+from raven.transport.connect import connect
+from raven.transport.session import Stream
 from raven.transport.tls import client_context
-from raven.transport.websocket import WebSocketSink, messages
+from raven.transport.websocket import messages
 
 
 def agent_name(i: int) -> str:
@@ -73,18 +74,15 @@ async def sim_agent(i: int, url: str, certs: Path, per_agent: int, stop: asyncio
                     ws = await http.ws_connect(url, ssl=ctx, server_hostname="raven-gateway", compress=0)
                 try:
                     hello = wire.Hello(agent_name(i), uuid.uuid4().hex, window=256 * 1024, max_streams=64)
-                    await ws.send_bytes(wire.encode(hello))
-                    async with asyncio.timeout(30):
-                        welcome = handshake.read_welcome((await ws.receive()).data, wire.DEFAULT_LIMITS)
+                    session, _ = await connect(ws, hello, limits=wire.DEFAULT_LIMITS, timeout=30)
                     attempt = 0
 
                     def on_open(stream: Stream) -> None:
                         stream.send_head(200, "OK", (("content-type", "text/plain"),))
                         asyncio.get_running_loop().create_task(_answer(stream))
 
-                    session = Session.after_handshake(WebSocketSink(ws), handshake.agent_side(hello, welcome),
-                                                      opener=False, name=agent_name(i), limits=wire.DEFAULT_LIMITS,
-                                                      on_open=on_open)
+                    session.name = agent_name(i)
+                    session.on_open = on_open
                     session.send_control(wire.Register(nodes_of(i, per_agent)))
                     await session.run(messages(ws))
                 finally:

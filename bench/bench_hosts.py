@@ -33,8 +33,7 @@ class _IdleSession:
     """What the registry asks of a tunnel session, for registering only."""
 
     closed = False
-    peer_draining = False
-    ids_left = 1 << 30
+    usable = True
     in_flight = 0
 
 

@@ -34,7 +34,6 @@ class AgentSession:
     cidrs: tuple[str, ...] = ()  # layer 3: what the certificate lets the agent announce (urn:raven:cidr:)
     release: str = ""  # the agent's release as its HELLO announced it (empty: 0.1.0, which announced none)
     connected_at: float = field(default_factory=time.time)
-    draining: bool = False
     nodes: set[str] = field(default_factory=set)
     last_register: tuple[wire.NodeInfo, ...] = ()  # re-evaluated when Node objects change
     pending_register: wire.Register | None = None  # held back by the rate limit; a newer one replaces it
@@ -46,12 +45,9 @@ class AgentSession:
 
     @property
     def usable(self) -> bool:
-        return (
-            not self.draining
-            and not self.session.closed
-            and not self.session.peer_draining
-            and self.session.ids_left > 0
-        )
+        """New streams may go here: the session is OPEN (neither side ended it, the agent is not draining) and
+        has stream ids left (raven/protocol/state.py)."""
+        return self.session.usable
 
     def __repr__(self) -> str:
         return f"<agent {self.agent} session {self.session_id[:8]} pools={sorted(self.pools)}>"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.registry import Registry
 from raven import version
 from raven.protocol import wire
+from raven.protocol.state import SessionState
 
 if TYPE_CHECKING:
     from gateway.pools import Pools
@@ -62,7 +63,7 @@ def snapshot(
                 "peer": sess.peer,
                 "age_seconds": round(max(0.0, now - sess.connected_at), 1),
                 "streams": sess.session.in_flight,
-                "draining": bool(sess.draining or sess.session.peer_draining),
+                "draining": sess.session.state is SessionState.DRAINING,
                 "nodes": len(sess.nodes),
                 # The agent's release (None: it announced none, so it is 0.1.0) and the protocol agreed with it.
                 "version": sess.release or None,

@@ -1,4 +1,5 @@
-"""The gateway's tunnel endpoint: mutual-TLS WebSocket, HELLO/WELCOME, registrations."""
+"""The gateway's tunnel endpoint: mutual-TLS WebSocket, the gateway's admission of a HELLO (raven/transport/connect.py
+runs the exchange), the agents' control frames (one table), registrations."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
-from raven.transport.session import Session, Stream
-from raven.transport.websocket import WebSocketSink, messages
+from raven.protocol.control import ControlDispatcher
+from raven.protocol.handshake import HandshakeRefused
+from raven.transport.connect import accept
+from raven.transport.session import Stream
+from raven.transport.websocket import messages
 
 log = logging.getLogger("raven.gateway.tunnel")
 
@@ -82,6 +86,7 @@ class TunnelEndpoint:
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
         self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
         self.routes_buckets = Buckets(cfg.register_rate, cfg.register_burst)
+        self.control = self._control_table()
 
     def configure(self, cfg: GatewayConfig) -> None:
         """A reloaded configuration: caps and rates apply from the next handshake or registration on."""
@@ -171,54 +176,51 @@ class TunnelEndpoint:
                 await ws.close()
         return ws
 
-    async def _handshake(self, ws: web.WebSocketResponse, claim: Claim, peer: str) -> wire.Hello | None:
-        lim = self.cfg.limits
-        try:
-            async with asyncio.timeout(lim.handshake_timeout):
-                msg = await ws.receive_bytes()
-        except TimeoutError:
-            self._log.warning(peer, "no-hello", "agent %s (%s): no HELLO within %.0fs", claim.common_name, peer,
-                              lim.handshake_timeout)
-            return None
-        except (TypeError, ConnectionError) as exc:
-            self._log.warning(peer, "bad-hello", "agent %s (%s): bad first message: %s", claim.common_name, peer, exc)
-            return None
-        try:
-            hello = handshake.read_hello(msg, self.limits)
-        except handshake.HandshakeRefused as err:
-            await self._goaway(ws, err.reason, label=err.label, peer=peer)
-            return None
+    def _admit(self, claim: Claim, peer: str, hello: wire.Hello) -> wire.Welcome:
+        """The gateway's policy for one HELLO: the WELCOME, or :class:`HandshakeRefused` (GOAWAY with the reason)."""
         expected = claim.name
         if hello.agent != expected:
-            await self._goaway(ws, f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}",
-                               label="hello-agent-mismatch", peer=peer)
-            return None
+            raise HandshakeRefused(f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}",
+                                   "hello-agent-mismatch", key=peer)
         cfg = self.cfg
         held = self.registry.agent_sessions(expected)
         if held >= cfg.max_sessions_per_agent:
-            await self._goaway(ws, f"agent {expected} already holds {held} sessions to this gateway (limit "
-                                   f"{cfg.max_sessions_per_agent}, max_sessions_per_agent)",
-                               label="agent-session-cap", peer=expected)
-            return None
+            raise HandshakeRefused(f"agent {expected} already holds {held} sessions to this gateway (limit "
+                                   f"{cfg.max_sessions_per_agent}, max_sessions_per_agent)", "agent-session-cap",
+                                   key=expected)
         if len(self.registry.sessions) >= cfg.max_sessions_total:
-            await self._goaway(ws, f"this gateway holds {len(self.registry.sessions)} agent sessions (limit "
-                                   f"{cfg.max_sessions_total}, max_sessions_total)", label="session-cap", peer=expected)
-            return None
+            raise HandshakeRefused(f"this gateway holds {len(self.registry.sessions)} agent sessions (limit "
+                                   f"{cfg.max_sessions_total}, max_sessions_total)", "session-cap", key=expected)
         if not self.session_buckets.take(expected):
-            await self._goaway(ws, f"agent {expected} opens sessions too often (more than {cfg.session_burst} at "
-                                   f"once, then {cfg.session_rate:g} per second): back off",
-                               label="session-rate", peer=expected)
-            return None
+            raise HandshakeRefused(f"agent {expected} opens sessions too often (more than {cfg.session_burst} at "
+                                   f"once, then {cfg.session_rate:g} per second): back off", "session-rate",
+                                   key=expected)
         try:
-            handshake.choose_version(hello.versions)
-        except handshake.HandshakeRefused as err:
-            await self._goaway(ws, f"{err.reason} (see docs/skew.md)", label=err.label, peer=expected)
-            return None
+            chosen = handshake.choose_version(hello.versions)
+        except HandshakeRefused as err:
+            raise HandshakeRefused(f"{err.reason} (see docs/skew.md)", err.label, key=expected) from None
         too_old = self._release_refused(hello)
         if too_old:
-            await self._goaway(ws, too_old, label="agent-version", peer=expected)
-            return None
-        return hello
+            raise HandshakeRefused(too_old, "agent-version", key=expected)
+        lim = cfg.limits
+        return wire.Welcome(
+            version=chosen,
+            replica=cfg.replica_id,
+            replicas=cfg.replicas,
+            heartbeat_interval=lim.heartbeat_interval,
+            heartbeat_timeout=lim.heartbeat_timeout,
+            window=lim.window,
+            max_streams=lim.max_streams_per_session,
+            release=version.RELEASE,
+        )
+
+    def _refused(self, claim: Claim, peer: str, err: HandshakeRefused) -> None:
+        """Log (rate-limited) and count a refused handshake; the label is fixed, never the peer's text."""
+        if not err.answered:  # no HELLO came: nothing was said, nothing is counted
+            self._log.warning(peer, err.label, "agent %s (%s): %s", claim.common_name, peer, err.reason)
+            return
+        self._log.warning(err.key or peer, err.label, "closing tunnel: %s", err.reason)
+        self.metrics.handshake_failures.labels(err.label).inc()
 
     def _release_refused(self, hello: wire.Hello) -> str:
         """Why this agent's release is below ``tunnel.min_agent_version`` (empty: it is not)."""
@@ -228,46 +230,19 @@ class TunnelEndpoint:
         return (f"agent {hello.agent} runs release {version.peer_release(hello.release)}, older than this "
                 f"gateway's tunnel.min_agent_version {floor}: upgrade the agent (supported releases: docs/skew.md)")
 
-    async def _goaway(self, ws: web.WebSocketResponse, reason: str, label: str | None = None, peer: str = "?") -> None:
-        # The label must not carry peer-chosen text (one series per value): callers pass a fixed one.
-        label = label or reason.split(":")[0][:40]
-        self._log.warning(peer, label, "closing tunnel: %s", reason)
-        self.metrics.handshake_failures.labels(label).inc()
-        try:
-            async with asyncio.timeout(2):
-                await ws.send_bytes(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, reason)))
-        except (TimeoutError, ConnectionError):
-            pass
-
     async def _serve(self, ws: web.WebSocketResponse, claim: Claim, peer: str) -> None:
-        hello = await self._handshake(ws, claim, peer)
-        if hello is None:
+        try:
+            session, hello = await accept(ws, functools.partial(self._admit, claim, peer),
+                                          functools.partial(self._refused, claim, peer), limits=self.limits,
+                                          timeout=self.cfg.limits.handshake_timeout)
+        except HandshakeRefused:
             return
-        lim = self.cfg.limits
-        welcome = wire.Welcome(
-            version=handshake.choose_version(hello.versions),
-            replica=self.cfg.replica_id,
-            replicas=self.cfg.replicas,
-            heartbeat_interval=lim.heartbeat_interval,
-            heartbeat_timeout=lim.heartbeat_timeout,
-            window=lim.window,
-            max_streams=lim.max_streams_per_session,
-            release=version.RELEASE,
-        )
-        await ws.send_bytes(wire.encode(welcome))
         pools = claim.pools
-        session = Session.after_handshake(
-            WebSocketSink(ws),
-            handshake.gateway_side(hello, welcome),
-            opener=True,
-            name=f"{hello.agent}/{hello.session[:8]}",
-            limits=self.limits,
-            on_stream_closed=self._stream_closed,
-        )
+        session.on_stream_closed = self._stream_closed
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs,
                                      release=sys.intern(hello.release))
         # Set before the first frame is read (session.run below); a partial costs less than a closure and its cells.
-        session.on_control = functools.partial(self._on_control, agent_session)
+        session.on_control = functools.partial(self.control.dispatch, agent_session)
         if self.layer3 is not None:
             session.on_closing = functools.partial(self.layer3.detach, agent_session)
         self.last_session_at = time.monotonic()
@@ -283,14 +258,13 @@ class TunnelEndpoint:
                 await old.session.close("replaced by a newer connection of the same session")
             self._log.info(hello.agent, "connected", "agent %s connected from %s (session %s, pools %s, release %s, "
                            "protocol %d)", hello.agent, peer, hello.session[:8], ",".join(sorted(pools)),
-                           version.peer_release(hello.release), welcome.version)
+                           version.peer_release(hello.release), session.core.version)
             if self.draining:
                 session.send_control(wire.Drain("gateway is draining"))
-            del hello, welcome, old  # this frame lives as long as the session (memory per idle session)
+            del hello, old  # this frame lives as long as the session (memory per idle session)
             await session.run(messages(ws))
         finally:
-            if not session.closed:
-                await session.close("the tunnel handler ended")
+            await session.close("the tunnel handler ended")  # idempotent: a no-op after run()
             self._cancel_pending(agent_session)
             if self.layer3 is not None:
                 self.layer3.detach(agent_session)
@@ -303,28 +277,35 @@ class TunnelEndpoint:
             self._log.info(agent_session.agent, "closed", "agent %s session %s closed: %s", agent_session.agent,
                            agent_session.session_id[:8], session.close_reason)
 
-    def _on_control(self, agent_session: AgentSession, frame: wire.ControlFrame) -> None:
-        if isinstance(frame, wire.Register):
-            self._on_register(agent_session, frame)
-        elif isinstance(frame, wire.Routes):
-            if self.layer3 is not None:
-                # Rate-limited like registrations: each announcement costs the policy a rebuild.
-                if not self.routes_buckets.take(agent_session.agent):
-                    self.metrics.handshake_failures.labels("routes-rate").inc()
-                    self._log.warning(agent_session.agent, "routes-rate", "agent %s announces layer-3 CIDRs too "
-                                      "often (register_burst, then register_rate): ignored", agent_session.agent)
-                    return
-                self.layer3.on_routes(agent_session, frame)
-            else:
-                self._log.info(agent_session.agent, "l3-off", "agent %s announced layer-3 CIDRs, but layer3 is "
-                               "not enabled on this gateway: ignored", agent_session.agent)
-        elif isinstance(frame, wire.Drain):
-            agent_session.draining = True
-            self._log.info(agent_session.agent, "draining", "agent %s session %s is draining: %s",
-                           agent_session.agent, agent_session.session_id[:8], frame.reason)
-        else:
-            self._log.info(agent_session.agent, "unexpected", "agent %s sent unexpected %s; ignored",
-                           agent_session.agent, type(frame).__name__)
+    def _control_table(self) -> ControlDispatcher[AgentSession]:
+        """What the gateway does with an agent's control frames: one table for every session."""
+        table: ControlDispatcher[AgentSession] = ControlDispatcher(self._on_unexpected)
+        table.on(wire.Register, self._on_register)
+        table.on(wire.Routes, self._on_routes)
+        table.on(wire.Drain, self._on_drain)
+        return table
+
+    def _on_routes(self, agent_session: AgentSession, frame: wire.Routes) -> None:
+        if self.layer3 is None:
+            self._log.info(agent_session.agent, "l3-off", "agent %s announced layer-3 CIDRs, but layer3 is "
+                           "not enabled on this gateway: ignored", agent_session.agent)
+            return
+        # Rate-limited like registrations: each announcement costs the policy a rebuild.
+        if not self.routes_buckets.take(agent_session.agent):
+            self.metrics.handshake_failures.labels("routes-rate").inc()
+            self._log.warning(agent_session.agent, "routes-rate", "agent %s announces layer-3 CIDRs too "
+                              "often (register_burst, then register_rate): ignored", agent_session.agent)
+            return
+        self.layer3.on_routes(agent_session, frame)
+
+    def _on_drain(self, agent_session: AgentSession, frame: wire.Drain) -> None:
+        # The session is DRAINING already (the core's state): the registry picks other agents for new streams.
+        self._log.info(agent_session.agent, "draining", "agent %s session %s is draining: %s",
+                       agent_session.agent, agent_session.session_id[:8], frame.reason)
+
+    def _on_unexpected(self, agent_session: AgentSession, frame: wire.ControlFrame) -> None:
+        self._log.info(agent_session.agent, "unexpected", "agent %s sent unexpected %s; ignored",
+                       agent_session.agent, type(frame).__name__)
 
     def _stream_closed(self, _: Stream) -> None:
         self.metrics.streams.dec()

@@ -63,3 +63,25 @@ class RecvWindow:
             self.credit += inc
             return inc
         return 0
+
+
+class VoidAllowance:
+    """Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
+    the sender nothing: a peer may send ``rate`` per second after a ``burst``, then the session ends."""
+
+    __slots__ = ("at", "burst", "rate", "tokens")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.at = now
+
+    def spend(self, now: float) -> None:
+        """Count one such frame; past the allowance, raise a session error (:class:`ProtocolError` on stream 0)."""
+        tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if tokens < 1.0:
+            raise ProtocolError(f"more than {self.rate:.0f} frames per second that do nothing (empty DATA, frames "
+                                "for streams that ended or never were)")
+        self.tokens = tokens - 1.0

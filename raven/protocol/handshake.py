@@ -1,5 +1,7 @@
 """The session handshake, sans I/O: HELLO (agent) and WELCOME (gateway), the version both speak, and what a
-session is then built with on either side (the same numbers, seen from each end).
+session is then built with on either side (the same numbers, seen from each end). :class:`ClientHandshake` and
+:class:`ServerHandshake` drive the exchange and hand over a ready core session; raven/transport/connect.py runs
+them over a WebSocket for both services.
 
 The gateway's own admission rules (certificate names, caps, rates) are gateway policy and live in
 gateway/tunnel.py; this module only reads and checks the two messages.
@@ -12,16 +14,21 @@ from dataclasses import dataclass
 
 from raven.errors import RavenError
 from raven.protocol import wire
+from raven.protocol.session import LocalProtocolError, Session
+from raven.protocol.state import SessionEvent, SessionState, next_state
 
 
 class HandshakeRefused(RavenError):
     """The peer's handshake message cannot start a session; ``reason`` says why (it is logged and, on the
-    gateway, sent in GOAWAY). ``label`` is a fixed word for a metric."""
+    gateway, sent in GOAWAY). ``label`` is a fixed word for a metric; ``key`` whom the log line is rate-limited
+    by (empty: the peer's address); ``answered``: False when the exchange broke before anything could be said."""
 
-    def __init__(self, reason: str, label: str = "") -> None:
+    def __init__(self, reason: str, label: str = "", *, key: str = "", answered: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.label = label or reason.split(":")[0][:40]
+        self.key = key
+        self.answered = answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,3 +112,89 @@ def agent_side(hello: wire.Hello, welcome: wire.Welcome) -> Agreement:
         heartbeat_interval=interval,
         heartbeat_timeout=max(welcome.heartbeat_timeout, 2 * interval),
     )
+
+
+class _Handshake:
+    """One side of the HELLO/WELCOME exchange, sans I/O: messages in, ``data_to_send()`` out, and at the end a
+    ready :class:`raven.protocol.session.Session` (OPEN) or a refusal (ENDED). Its life is the session's first
+    state (raven/protocol/state.py)."""
+
+    __slots__ = ("_out", "hello", "limits", "state")
+
+    def __init__(self, limits: wire.Limits) -> None:
+        self.limits = limits
+        self.state = SessionState.HANDSHAKE
+        self.hello: wire.Hello | None = None
+        self._out: list[bytes] = []
+
+    def data_to_send(self) -> list[bytes]:
+        """The handshake's messages (one frame each, never batched)."""
+        out, self._out = self._out, []
+        return out
+
+    def _session(self, agreed: Agreement, *, opener: bool, now: float) -> Session:
+        self.state = next_state(self.state, SessionEvent.AGREED)
+        return Session(opener=opener, local_window=agreed.local_window, peer_window=agreed.peer_window,
+                       local_max_streams=agreed.local_max_streams, peer_max_streams=agreed.peer_max_streams,
+                       limits=self.limits, version=agreed.version, heartbeat_interval=agreed.heartbeat_interval,
+                       heartbeat_timeout=agreed.heartbeat_timeout, now=now)
+
+    def _refused(self, err: HandshakeRefused) -> HandshakeRefused:
+        self.state = next_state(self.state, SessionEvent.END)
+        return err
+
+
+class ClientHandshake(_Handshake):
+    """The agent's side: HELLO is queued at once; :meth:`receive_welcome` gives the session."""
+
+    __slots__ = ()
+
+    def __init__(self, hello: wire.Hello, limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+        super().__init__(limits)
+        self.hello = hello
+        self._out.append(wire.encode(hello))
+
+    def receive_welcome(self, message: bytes | bytearray | memoryview, now: float,
+                        supported: Sequence[int] = wire.SUPPORTED_VERSIONS) -> tuple[Session, wire.Welcome]:
+        """The gateway's answer: the session on the agreed numbers (heartbeat from ``now``) and the WELCOME.
+        Raises :class:`HandshakeRefused` (a GOAWAY, a bad or unexpected frame, a version this agent lacks)."""
+        if self.state is not SessionState.HANDSHAKE or self.hello is None:
+            raise LocalProtocolError(f"the handshake is over: {self.state.value}")
+        try:
+            welcome = read_welcome(message, self.limits, supported)
+        except HandshakeRefused as err:
+            raise self._refused(err) from None
+        return self._session(agent_side(self.hello, welcome), opener=False, now=now), welcome
+
+    def fail(self, reason: str) -> HandshakeRefused:
+        """The exchange broke before a WELCOME (the connection closed, no answer in time): ENDED, with a reason."""
+        return self._refused(HandshakeRefused(reason))
+
+
+class ServerHandshake(_Handshake):
+    """The gateway's side: :meth:`receive_hello`, then the gateway's own admission, then :meth:`accept` (WELCOME
+    queued, the session returned) or :meth:`refuse` (GOAWAY queued)."""
+
+    __slots__ = ()
+
+    def receive_hello(self, message: bytes | bytearray | memoryview) -> wire.Hello:
+        """The session's first message. Raises :class:`HandshakeRefused` (refuse it with the reason)."""
+        if self.state is not SessionState.HANDSHAKE or self.hello is not None:
+            raise LocalProtocolError("HELLO was already read")
+        self.hello = read_hello(message, self.limits)
+        return self.hello
+
+    def accept(self, welcome: wire.Welcome, now: float) -> Session:
+        if self.state is not SessionState.HANDSHAKE or self.hello is None:
+            raise LocalProtocolError("accept() needs a HELLO and an unfinished handshake")
+        self._out.append(wire.encode(welcome))
+        return self._session(gateway_side(self.hello, welcome), opener=True, now=now)
+
+    def refuse(self, err: HandshakeRefused) -> HandshakeRefused:
+        """Answer with GOAWAY (the reason, code PROTOCOL); returns ``err`` for the caller to raise."""
+        self._out.append(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, err.reason)))
+        return self._refused(err)
+
+    def fail(self, err: HandshakeRefused) -> HandshakeRefused:
+        """The exchange broke before a HELLO (none in time, not a binary message): ENDED, nothing sent."""
+        return self._refused(err)

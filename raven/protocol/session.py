@@ -8,9 +8,6 @@ WebSocket, and tests drive two of them against each other in memory.
 One stream's halves, their transition table and its flow accounts are raven/protocol/stream.py; here they are
 kept in a table and moved by frames in and calls out. A stream leaves the table when both halves are DONE or it
 was reset; ids are never reused.
-
-Size: one state machine: the stream table, the ids, the heartbeat and what to send (raven/protocol/outbox.py)
-are one object's state, driven by the same frames; split further, they would share it through back-references.
 """
 
 from __future__ import annotations
@@ -31,7 +28,9 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
+from raven.protocol.flow import VoidAllowance
 from raven.protocol.outbox import Outbox
+from raven.protocol.state import LIVE, OVER, SessionEvent, SessionState, next_state
 from raven.protocol.stream import (  # re-exported: the core's public names
     TRANSITIONS,
     WHY_NOT,
@@ -43,12 +42,16 @@ from raven.protocol.stream import (  # re-exported: the core's public names
     code_name,
 )
 
-__all__ = ["TRANSITIONS", "Half", "LocalProtocolError", "Session", "Step", "StreamReset", "StreamState", "code_name"]
-
+__all__ = ["TRANSITIONS", "Half", "LocalProtocolError", "Session", "SessionState", "Step", "StreamReset",
+           "StreamState", "code_name"]
 
 
 class Session:
-    """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids)."""
+    """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids).
+
+    It is built OPEN from the handshake's numbers (raven/protocol/handshake.py); its life is a
+    :class:`SessionState` moved only through raven/protocol/state.py's table.
+    """
 
     __slots__ = (
         "_events",
@@ -57,13 +60,12 @@ class Session:
         "_next_ping",
         "_ping_sent",
         "_ping_seq",
-        "_void_at",
-        "_void_tokens",
+        "_voids",
         "batched",
         "close_code",
         "close_reason",
-        "closed",
         "datagrams_dropped",
+        "ended_from",
         "heartbeat_interval",
         "heartbeat_timeout",
         "last_rx",
@@ -72,10 +74,10 @@ class Session:
         "local_window",
         "opener",
         "out",
-        "peer_draining",
         "peer_max_streams",
         "peer_window",
         "rtt",
+        "state",
         "streams",
         "version",
     )
@@ -117,17 +119,36 @@ class Session:
         self.out = Outbox(self.batched)
         self.datagrams_dropped = 0
         self._events: list[Event] = []
-        self.closed = False
+        self.state = SessionState.OPEN
+        self.ended_from: SessionState | None = None  # the state the protocol ended in (OPEN or DRAINING)
         self.close_reason = ""
         self.close_code = 0
-        self.peer_draining = False
         self.last_rx = now
         self.rtt: float | None = None
         self._ping_seq = 0
         self._ping_sent: tuple[int, float] | None = None
         self._next_ping = now + heartbeat_interval
-        self._void_tokens = self.VOID_BURST
-        self._void_at = now
+        self._voids = VoidAllowance(self.VOID_RATE, self.VOID_BURST, now)
+
+    # ------------------------------------------------------------ the state
+
+    def _set(self, event: SessionEvent) -> None:
+        self.state = next_state(self.state, event)
+
+    @property
+    def closed(self) -> bool:
+        """The protocol is over (ENDED or CLOSED): nothing more is sent or received."""
+        return self.state in OVER
+
+    @property
+    def peer_draining(self) -> bool:
+        """The peer said DRAIN (and the session is DRAINING, or ended while it was)."""
+        return SessionState.DRAINING in (self.state, self.ended_from)
+
+    @property
+    def usable(self) -> bool:
+        """A new stream may be opened here: live, the peer not draining, ids left."""
+        return self.state is SessionState.OPEN and self._next_id <= wire.MAX_STREAM_ID
 
     def set_heartbeat(self, interval: float, timeout: float, now: float) -> None:
         """The heartbeat agreed in the handshake, counted from ``now``."""
@@ -176,7 +197,7 @@ class Session:
 
     def open_stream(self, open_frame: wire.Open) -> int:
         """Open a stream (opener side) and queue its OPEN; returns the id. Raises :class:`StreamReset`."""
-        if self.closed:
+        if self.state not in LIVE:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
         if not self.opener:
             raise LocalProtocolError("the accepting side opens no streams")
@@ -261,20 +282,32 @@ class Session:
 
     def send_datagram(self, packet: bytes | bytearray | memoryview) -> bool:
         """Queue one IP packet (version 2 sessions). False: dropped, the queue is full or the packet too big."""
-        if self.closed or len(packet) > self.limits.max_data or not self.out.datagram(packet):
+        if self.state not in LIVE or len(packet) > self.limits.max_data or not self.out.datagram(packet):
             self.datagrams_dropped += 1
             return False
         return True
 
     def send_control(self, frame: wire.ControlFrame) -> None:
-        if not self.closed:
+        if self.state in LIVE:
             self._queue(frame)
 
     def close(self, code: int = 0, reason: str = "closed") -> list[Event]:
-        """End the session (GOAWAY first when ``code``). Every stream still open is aborted; their events return."""
-        if self.closed:
+        """Close the session (GOAWAY first when ``code`` and the protocol was not over). Every stream still open
+        is aborted; their events return. Idempotent."""
+        if self.state is SessionState.CLOSED:
             return []
-        self._end(reason, code, goaway=bool(code))
+        if self.state is not SessionState.ENDED:
+            self._end(reason, code, goaway=bool(code))
+        self._set(SessionEvent.CLOSE)
+        events, self._events = self._events, []
+        return events
+
+    def abort(self, reason: str) -> list[Event]:
+        """The local side ends the protocol (a peer that does not read): ENDED, every stream aborted, no GOAWAY.
+        The transport closes next. Idempotent."""
+        if self.state in OVER:
+            return []
+        self._end(reason, 0, goaway=False)
         events, self._events = self._events, []
         return events
 
@@ -290,10 +323,10 @@ class Session:
 
     def tick(self, now: float) -> list[Event]:
         """Heartbeat: end a session whose peer has been silent too long, else send the PING that is due."""
-        if self.closed:
+        if self.state not in LIVE:
             return []
         silent = now - self.last_rx
-        if silent > self.heartbeat_timeout:
+        if silent >= self.heartbeat_timeout:  # at the deadline (the transport's timer fires there) is too late
             self._end(f"heartbeat timeout: peer silent for {silent:.1f}s", 0, goaway=False)
         elif now >= self._next_ping:
             self._ping_seq += 1
@@ -307,7 +340,7 @@ class Session:
 
     def receive(self, message: bytes | bytearray | memoryview, now: float) -> list[Event]:
         """Handle one received WebSocket message. Never raises for bad input: it becomes RESET or GOAWAY."""
-        if self.closed:
+        if self.state not in LIVE:
             return []
         self.last_rx = now
         events = self._events = []
@@ -345,7 +378,8 @@ class Session:
             self._on_error(void)
 
     def _end(self, reason: str, code: int, goaway: bool) -> None:
-        self.closed = True
+        self.ended_from = self.state
+        self._set(SessionEvent.END)
         self.close_reason = reason
         self.close_code = code
         self.out.drop_datagrams()
@@ -429,21 +463,14 @@ class Session:
             self._end(f"peer said goodbye: {frame.reason}", 0, goaway=False)
         else:
             if isinstance(frame, wire.Drain):
-                self.peer_draining = True
+                self._set(SessionEvent.PEER_DRAIN)
             events.append(ControlReceived(frame))
 
     def _is_own_id(self, stream_id: int) -> bool:
         return (stream_id % 2 == 1) == self.opener
 
     def _void(self) -> None:
-        """Count a frame that does nothing; past the allowance the session ends (a session error)."""
-        now = self.last_rx  # set to the caller's now for every message received
-        tokens = min(self.VOID_BURST, self._void_tokens + (now - self._void_at) * self.VOID_RATE)
-        self._void_at = now
-        if tokens < 1.0:
-            raise wire.ProtocolError(f"more than {self.VOID_RATE:.0f} frames per second that do nothing (empty "
-                                     "DATA, frames for streams that ended or never were)")
-        self._void_tokens = tokens - 1.0
+        self._voids.spend(self.last_rx)  # last_rx: the caller's now for every message received
 
     def _stream_for(self, stream_id: int) -> StreamState | None:
         st = self.streams.get(stream_id)

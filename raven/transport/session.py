@@ -1,16 +1,17 @@
-"""The asyncio side of a tunnel session: the sans-I/O core (raven.protocol.session) run over a message transport.
+"""The asyncio side of a tunnel session: a ready sans-I/O core (raven.protocol.session) run over a message transport.
 
-One reader (:meth:`Session.run`) feeds every received message to the core and turns its events into woken
-waiters; it never awaits a stream's consumer, so one slow stream cannot stall the others. One writer task sends
-everything the core has queued as few messages as the protocol version allows, once per turn of the loop, and
-waits on the transport's own flow control (the sink's ``send`` drains); stream writers wait only when more than
-``HIGH_WATER`` bytes are queued. The writer exists while there is output or a stream is open, so an idle session
-holds no task. The heartbeat is driven by one timer per loop (raven.transport.heartbeat).
+The split is websockets' ``protocol.py`` beside ``asyncio/connection.py``: the core holds every rule and the
+session's state (raven/protocol/state.py); this layer only moves bytes and wakes waiters. One reader
+(:meth:`Session.run`) feeds every received message to the core and turns its events into woken waiters through a
+table (event type -> handler); it never awaits a stream's consumer, so one slow stream cannot stall the others.
+One writer task sends everything the core has queued as few messages as the protocol version allows, once per turn
+of the loop, and waits on the transport's own flow control (the sink's ``send`` drains); stream writers wait only
+when more than ``HIGH_WATER`` bytes are queued. The writer exists while there is output or a stream is open, so an
+idle session holds no task. The heartbeat is one timer at the core's ``next_deadline()``.
 
-The streams' awaitables are raven/transport/stream.py.
-
-Size: the session's reader, writer, event dispatch, close and heartbeat share its state (the core, the writer
-task, the waiters); split, they would reach into each other.
+Sessions are made by raven/transport/connect.py (``connect()`` for the agent, ``accept()`` for the gateway) from
+the handshake's core; the streams' awaitables are raven/transport/stream.py, which reach the session only through
+its :class:`raven.transport.stream.Link` methods.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 from raven.lograte import RateLimitedLog
 from raven.protocol import session as core
@@ -37,9 +38,8 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
-from raven.protocol.handshake import Agreement
 from raven.protocol.session import StreamReset
-from raven.transport.heartbeat import Heartbeats
+from raven.protocol.state import LIVE, SessionState
 from raven.transport.stream import Stream
 
 __all__ = ["MessageSink", "Session", "Stream", "StreamReset"]
@@ -48,6 +48,7 @@ log = logging.getLogger("raven.session")
 # What a peer can trigger frame after frame (bad frames, frames for unknown streams) is logged at most once a
 # minute per session and kind, with a count of what was left out.
 _peer_log = RateLimitedLog(log)
+
 
 class MessageSink(Protocol):
     """Where a session's messages go (one WebSocket, in production)."""
@@ -62,26 +63,24 @@ ControlHandler = Callable[[wire.ControlFrame], None]
 
 
 class Session:
-    """One tunnel connection carrying many streams, over a :class:`MessageSink`.
+    """One tunnel connection carrying many streams, over a :class:`MessageSink`, around a ready ``core``.
 
-    ``opener`` is True on the gateway side, which opens streams (odd ids); the agent accepts them. Parameters
-    come from the HELLO/WELCOME exchange (raven.protocol.handshake) done by the caller; ``version`` is the one
-    agreed there (version 2 batches frames into messages).
+    The core comes from the handshake (raven/protocol/handshake.py, run by raven/transport/connect.py) or, in
+    tests, is built from known numbers; ``core.opener`` is True on the gateway side, which opens streams.
     """
 
     __slots__ = (
         "__weakref__",
-        "_closed",
         "_closed_fut",
         "_in_transit",
         "_out_waiter",
-        "_over_limit",
         "_room_waiters",
         "_send_since",
         "_tasks",
+        "_timer",
+        "_timer_at",
         "_writer_task",
         "core",
-        "heartbeat_interval",
         "loop",
         "name",
         "on_closing",
@@ -97,36 +96,24 @@ class Session:
     LOW_WATER = 256 * 1024
     HARD_LIMIT = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
     WRITE_STALL_TIMEOUTS = 3  # a write waiting this many heartbeat timeouts for the peer to read ends the session
+    MIN_TIMER_STEP: Final = 0.01  # seconds: a deadline already reached is looked at again no sooner than this
 
     def __init__(
         self,
         sink: MessageSink,
+        session_core: core.Session,
         *,
-        opener: bool,
         name: str,
-        local_window: int,
-        peer_window: int,
-        local_max_streams: int,
-        peer_max_streams: int,
-        limits: wire.Limits = wire.DEFAULT_LIMITS,
-        version: int = wire.PROTOCOL_VERSION,
         on_open: OpenHandler | None = None,
         on_control: ControlHandler | None = None,
         on_stream_closed: Callable[[Stream], None] | None = None,
     ) -> None:
+        if session_core.state not in LIVE:
+            raise core.LocalProtocolError(f"a transport session needs an open core, not {session_core.state.value}")
         self.loop = asyncio.get_running_loop()
         self.sink = sink
         self.name = name
-        self.core = core.Session(
-            opener=opener,
-            local_window=local_window,
-            peer_window=peer_window,
-            local_max_streams=local_max_streams,
-            peer_max_streams=peer_max_streams,
-            limits=limits,
-            version=version,
-            now=self.loop.time(),
-        )
+        self.core = session_core
         self.on_open = on_open
         self.on_control = on_control
         self.on_datagram: Callable[[memoryview], None] | None = None
@@ -136,97 +123,56 @@ class Session:
         self._writer_task: asyncio.Task[None] | None = None
         self._out_waiter: asyncio.Future[None] | None = None
         self._in_transit = 0  # bytes the writer took from the core and has not finished sending
-        self._over_limit = False
         self._send_since: float | None = None  # when the send in progress began (a stalled peer is cut off)
         self._room_waiters: list[asyncio.Future[None]] = []
-        self._closed = False
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
         self._tasks: list[asyncio.Task[None]] = []
-        self.heartbeat_interval = self.core.heartbeat_interval
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
-    @classmethod
-    def after_handshake(
-        cls,
-        sink: MessageSink,
-        agreed: Agreement,
-        *,
-        opener: bool,
-        name: str,
-        limits: wire.Limits,
-        on_open: OpenHandler | None = None,
-        on_control: ControlHandler | None = None,
-        on_stream_closed: Callable[[Stream], None] | None = None,
-    ) -> Session:
-        """The session either side builds from the handshake's agreement, heartbeat started."""
-        session = cls(
-            sink,
-            opener=opener,
-            name=name,
-            local_window=agreed.local_window,
-            peer_window=agreed.peer_window,
-            local_max_streams=agreed.local_max_streams,
-            peer_max_streams=agreed.peer_max_streams,
-            limits=limits,
-            version=agreed.version,
-            on_open=on_open,
-            on_control=on_control,
-            on_stream_closed=on_stream_closed,
-        )
-        session.start(agreed.heartbeat_interval, agreed.heartbeat_timeout)
-        return session
+    # ------------------------------------------------------------ what the services read (derived from the core)
 
-    # ------------------------------------------------------------ the core's state, read through
+    @property
+    def state(self) -> SessionState:
+        return self.core.state
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """The session is over (ENDED or CLOSED): it sends and receives nothing more."""
+        return self.core.closed
+
+    @property
+    def usable(self) -> bool:
+        """A new stream may go here: OPEN (the peer is not draining), stream ids left."""
+        return self.core.usable
 
     @property
     def close_reason(self) -> str:
         return self.core.close_reason
 
     @property
-    def opener(self) -> bool:
-        return self.core.opener
-
-    @property
-    def peer_draining(self) -> bool:
-        return self.core.peer_draining
-
-    @property
-    def rtt(self) -> float | None:
-        return self.core.rtt
-
-    @property
-    def last_rx(self) -> float:
-        return self.core.last_rx
-
-    @property
     def in_flight(self) -> int:
         return len(self.streams)
 
     @property
-    def ids_left(self) -> int:
-        return self.core.ids_left
-
-    @property
-    def _queued(self) -> int:
-        return self.core.pending_bytes + self._in_transit
+    def carries_datagrams(self) -> bool:
+        return self.core.batched and self.core.state in LIVE
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
-        self.heartbeat_interval = heartbeat_interval
-        self.core.set_heartbeat(heartbeat_interval, heartbeat_timeout, self.loop.time())
-        Heartbeats.of(self.loop).add(self)
+    def start(self) -> None:
+        """Start the heartbeat (at the core's next deadline). :meth:`run` does it; idempotent."""
+        if self._timer is None and self.core.state in LIVE:
+            self._arm()
 
     async def run(self, messages: AsyncIterator[bytes]) -> None:
         """Feed every received message until the transport ends, then close."""
+        self.start()
         reason = "peer closed the connection"
         try:
             async for message in messages:
                 self.feed(message)
-                if self._closed or self.core.closed:
+                if self.core.closed:
                     return
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             reason = f"connection lost: {exc}"
@@ -235,41 +181,59 @@ class Session:
 
     def feed(self, message: bytes | bytearray | memoryview) -> None:
         """Handle one received message. Never blocks and never raises for bad input."""
-        if self._closed:
-            return
         events = self.core.receive(message, self.loop.time())
         if events:
             self._handle(events)
         self._kick()
 
-    def tick(self, now: float) -> None:
-        """Called by :class:`Heartbeats`: close a silent session, or one whose peer has read nothing for the
-        heartbeat timeout (it may still send, so the silence check alone would not see it), or send the PING."""
+    def _arm(self) -> None:
+        now = self.loop.time()
+        when = self.core.next_deadline()
+        if when <= now:
+            when = now + self.MIN_TIMER_STEP
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        """The core's deadline: close a silent session, or one whose peer has read nothing for a while (it may
+        still send, so the silence check alone would not see it), or send the PING that is due."""
+        self._timer = None
+        now = max(self.loop.time(), self._timer_at)  # the loop may run a timer a clock tick early
         since = self._send_since
         deadline = self.WRITE_STALL_TIMEOUTS * self.core.heartbeat_timeout
-        if since is not None and now - since > deadline and not self._closed:
+        if since is not None and now - since > deadline and not self.core.closed:
             log.warning("session %s: a write has waited %.1fs for the peer to read (deadline %.1fs): closing",
                         self.name, now - since, deadline)
-            self._close_soon(f"peer not reading: a write stalled for {now - since:.1f}s")
+            self._abort(f"peer not reading: a write stalled for {now - since:.1f}s")
             return
         events = self.core.tick(now)
         if events:
             self._handle(events)
         self._kick()
+        if self.core.state in LIVE:
+            self._arm()
+
+    def _abort(self, reason: str) -> None:
+        """End the protocol now (every stream reset at once); the transport closes on the next turn."""
+        self._handle(self.core.abort(reason))
 
     async def close(self, reason: str, code: int = 0) -> None:
         """End the session: every stream is reset, tasks stop, the transport closes. Idempotent."""
-        if self._closed:
+        if self.core.state is SessionState.CLOSED:
             await self.wait_closed()
             return
-        self._closed = True
+        events = self.core.close(code, reason)  # CLOSED from here: a second close() waits for this one
         if self.on_closing is not None:
             # Before the transport's close (up to seconds): layer 3 promotes another agent at once.
             with contextlib.suppress(Exception):
                 self.on_closing()
-        self._handle(self.core.close(code, reason))
+        self._handle(events)
+        reason = self.core.close_reason or reason
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for stream in list(self.streams.values()):  # a stream the core had already let go
-            stream._on_reset(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
+            stream.aborted(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
             self._release(stream)
         current = asyncio.current_task()
         if self._writer_task is not None and self._writer_task is not current:
@@ -281,7 +245,7 @@ class Session:
             if not fut.done():
                 fut.set_result(None)
         last = self.core.data_to_send()  # frames queued before the end, then GOAWAY when there is one
-        if last and code:
+        if last and self.core.close_code:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     for message in last:
@@ -301,84 +265,134 @@ class Session:
         await asyncio.shield(self._closed_fut)
 
     def _close_soon(self, reason: str, code: int = 0) -> None:
-        if not self._closed:
+        if self.core.state is not SessionState.CLOSED:
             self._tasks.append(self.loop.create_task(self.close(reason, code)))
 
-    # ------------------------------------------------------------ events from the core
+    # ------------------------------------------------------------ events from the core, through a table
 
     def _handle(self, events: list[Event]) -> None:
-        streams = self.streams
+        table = _ON_EVENT
         for ev in events:
-            if isinstance(ev, DataReceived):
-                stream = streams.get(ev.stream_id)
-                if stream is not None:
-                    stream._on_data(ev.data, ev.fin)
-            elif isinstance(ev, CreditReceived):
-                stream = streams.get(ev.stream_id)
-                if stream is not None:
-                    Stream._wake(stream._credit_waiter)
-            elif isinstance(ev, HeadReceived):
-                stream = streams.get(ev.stream_id)
-                if stream is not None:
-                    stream._on_head(ev.head)
-            elif isinstance(ev, StreamClosed):
-                stream = streams.get(ev.stream_id)
-                if stream is not None:
-                    self._release(stream)
-            elif isinstance(ev, StreamOpened):
-                stream = Stream(self, ev.stream_id, ev.open)
-                streams[ev.stream_id] = stream
-                if self.on_open is not None:
-                    self.on_open(stream)
-            elif isinstance(ev, StreamAborted):
-                stream = streams.get(ev.stream_id)
-                if stream is not None:
-                    stream._on_reset(StreamReset(ev.code, ev.reason, remote=ev.remote))
-            elif isinstance(ev, DatagramReceived):
-                if self.on_datagram is not None:
-                    self.on_datagram(ev.packet)
-            elif isinstance(ev, ControlReceived):
-                if self.on_control is not None:
-                    self.on_control(ev.frame)
-            elif isinstance(ev, ProtocolViolation):
-                if ev.stream_id == 0:
-                    _peer_log.warning(self.name, "protocol", "session %s: protocol error: %s", self.name, ev.reason)
-                else:
-                    _peer_log.info(self.name, "stream-error", "session %s: stream %d: %s", self.name, ev.stream_id,
-                                   ev.reason)
-            elif isinstance(ev, SessionEnded):
-                if ev.reason.startswith("heartbeat timeout"):
-                    log.warning("session %s: %s (deadline %.1fs): closing", self.name, ev.reason,
-                                self.core.heartbeat_timeout)
-                self._close_soon(ev.reason, ev.code)
+            table[type(ev)](self, ev)
+
+    def _on_data(self, ev: DataReceived) -> None:
+        stream = self.streams.get(ev.stream_id)
+        if stream is not None:
+            stream.data_received(ev.data, ev.fin)
+
+    def _on_credit(self, ev: CreditReceived) -> None:
+        stream = self.streams.get(ev.stream_id)
+        if stream is not None:
+            stream.credit_received()
+
+    def _on_head(self, ev: HeadReceived) -> None:
+        stream = self.streams.get(ev.stream_id)
+        if stream is not None:
+            stream.head_received(ev.head)
+
+    def _on_stream_closed(self, ev: StreamClosed) -> None:
+        stream = self.streams.get(ev.stream_id)
+        if stream is not None:
+            self._release(stream)
+
+    def _on_stream_opened(self, ev: StreamOpened) -> None:
+        stream = Stream(self, ev.stream_id, ev.open, opener=False)
+        self.streams[ev.stream_id] = stream
+        if self.on_open is not None:
+            self.on_open(stream)
+
+    def _on_aborted(self, ev: StreamAborted) -> None:
+        stream = self.streams.get(ev.stream_id)
+        if stream is not None:
+            stream.aborted(StreamReset(ev.code, ev.reason, remote=ev.remote))
+
+    def _on_datagram(self, ev: DatagramReceived) -> None:
+        if self.on_datagram is not None:
+            self.on_datagram(ev.packet)
+
+    def _on_control(self, ev: ControlReceived) -> None:
+        if self.on_control is not None:
+            self.on_control(ev.frame)
+
+    def _on_violation(self, ev: ProtocolViolation) -> None:
+        if ev.stream_id == 0:
+            _peer_log.warning(self.name, "protocol", "session %s: protocol error: %s", self.name, ev.reason)
+        else:
+            _peer_log.info(self.name, "stream-error", "session %s: stream %d: %s", self.name, ev.stream_id,
+                           ev.reason)
+
+    def _on_ended(self, ev: SessionEnded) -> None:
+        if ev.reason.startswith("heartbeat timeout"):
+            log.warning("session %s: %s (deadline %.1fs): closing", self.name, ev.reason, self.core.heartbeat_timeout)
+        self._close_soon(ev.reason, ev.code)
 
     # ------------------------------------------------------------ streams
 
     def open_stream(self, open_frame: wire.Open) -> Stream:
         """Open a stream (opener side): the OPEN frame is queued at once. Raises :class:`StreamReset`."""
-        if self._closed:
-            raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
+        session_core = self.core
         try:
-            stream_id = self.core.open_stream(open_frame)
-        except StreamReset as err:
-            if "exhausted" in err.reason:
+            stream_id = session_core.open_stream(open_frame)
+        except StreamReset:
+            if session_core.state in LIVE and session_core.ids_left == 0:
                 # Ids are never reused: end this session; the agent redials and gets a fresh one.
                 self._close_soon("stream ids exhausted: reconnect for a new session", wire.ResetCode.LIMIT)
             raise
-        stream = Stream(self, stream_id, self.core.streams[stream_id].open)
+        stream = Stream(self, stream_id, session_core.streams[stream_id].open, opener=True)
         self.streams[stream_id] = stream
         self._kick()
         return stream
 
-    def _release_if_done(self, stream: Stream) -> None:
+    def _release(self, stream: Stream) -> None:
+        stream.released()
+        if self.streams.pop(stream.id, None) is not None and self.on_stream_closed is not None:
+            self.on_stream_closed(stream)
+
+    # The Link surface (raven/transport/stream.py): what a stream asks of its session.
+
+    @property
+    def congested(self) -> bool:
+        return self.core.pending_bytes + self._in_transit > self.HIGH_WATER
+
+    async def wait_send_room(self) -> None:
+        while self.congested and self.core.state in LIVE:
+            fut = self.loop.create_future()
+            self._room_waiters.append(fut)
+            await fut
+        if self.core.state not in LIVE:
+            raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
+
+    def consumed(self, stream_id: int, n: int) -> None:
+        self.core.consumed(stream_id, n)
+        self._kick()
+
+    def send_data(self, stream_id: int, data: memoryview, fin: bool) -> int:
+        n = self.core.send_data(stream_id, data, fin)
+        if n:
+            self._kick()
+        return n
+
+    def send_head(self, stream: Stream, status: int, reason: str, headers: wire.Headers, fin: bool) -> None:
+        self.core.send_head(stream.id, status, reason, headers, fin)
+        self._kick()
+
+    def end_stream(self, stream: Stream) -> None:
+        self.core.end_stream(stream.id)
+        self._kick()
+        self.done_writing(stream)
+
+    def reset_stream(self, stream: Stream, code: wire.ResetCode, reason: str) -> None:
+        self.core.reset_stream(stream.id, code, reason)
+        self._kick()
+        stream.aborted(StreamReset(code, reason, remote=False))
+        self._release(stream)
+
+    def done_writing(self, stream: Stream) -> None:
+        """The stream sent its last frame: let it go if the peer's side had ended too."""
         if not self.core.alive(stream.id):
             self._release(stream)
 
-    def _release(self, stream: Stream) -> None:
-        if not stream._finished.done():
-            stream._finished.set_result(None)
-        if self.streams.pop(stream.id, None) is not None and self.on_stream_closed is not None:
-            self.on_stream_closed(stream)
+    # ------------------------------------------------------------ control frames and packets
 
     def send_control(self, frame: wire.ControlFrame) -> None:
         self.core.send_control(frame)
@@ -386,28 +400,23 @@ class Session:
 
     def send_datagram(self, packet: bytes | memoryview) -> bool:
         """One IP packet (layer 3); False if it was dropped (queue full, too big, session closed or version 1)."""
-        if self._closed or not self.core.send_datagram(packet):
+        if not self.core.send_datagram(packet):
             return False
         self._kick()
         return True
-
-    @property
-    def carries_datagrams(self) -> bool:
-        return self.core.batched and not self._closed
 
     # ------------------------------------------------------------ sending
 
     def _kick(self) -> None:
         """Output is queued in the core: make sure the writer will send it (on the next turn of the loop)."""
-        pending = self.core.pending_bytes
-        if not pending or self._closed:
+        session_core = self.core
+        pending = session_core.pending_bytes
+        if not pending or session_core.state not in LIVE:
             return
         if pending + self._in_transit > self.HARD_LIMIT:
-            if not self._over_limit:  # once: every later kick until the close would log and spawn again
-                self._over_limit = True
-                log.warning("session %s: %d bytes queued and the peer is not reading them: closing", self.name,
-                            pending + self._in_transit)
-                self._close_soon(f"peer not reading: over {self.HARD_LIMIT} bytes queued")
+            log.warning("session %s: %d bytes queued and the peer is not reading them: closing", self.name,
+                        pending + self._in_transit)
+            self._abort(f"peer not reading: over {self.HARD_LIMIT} bytes queued")
             return
         if self._writer_task is None:
             self._writer_task = self.loop.create_task(self._writer())
@@ -416,19 +425,11 @@ class Session:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
-    async def _wait_send_room(self) -> None:
-        while self._queued > self.HIGH_WATER and not self._closed:
-            fut = self.loop.create_future()
-            self._room_waiters.append(fut)
-            await fut
-        if self._closed:
-            raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
-
     async def _writer(self) -> None:
-        core_session = self.core
+        session_core = self.core
         try:
-            while not self._closed:
-                messages = core_session.data_to_send()
+            while session_core.state in LIVE:
+                messages = session_core.data_to_send()
                 if not messages:
                     if not self.streams:
                         return  # idle: no task held (memory); the next output starts a new writer
@@ -445,7 +446,7 @@ class Session:
                     await self.sink.send(message)
                     self._send_since = None
                     self._in_transit -= len(message)
-                if self._room_waiters and self._queued <= self.LOW_WATER:
+                if self._room_waiters and session_core.pending_bytes + self._in_transit <= self.LOW_WATER:
                     waiters, self._room_waiters = self._room_waiters, []
                     for fut in waiters:
                         if not fut.done():
@@ -456,3 +457,18 @@ class Session:
             self._close_soon(f"send failed: {exc!r}")
         finally:
             self._writer_task = None
+
+
+# Each event of the core and the session's handler for it.
+_ON_EVENT: Final[dict[type[Event], Callable[[Session, Any], None]]] = {
+    DataReceived: Session._on_data,
+    CreditReceived: Session._on_credit,
+    HeadReceived: Session._on_head,
+    StreamClosed: Session._on_stream_closed,
+    StreamOpened: Session._on_stream_opened,
+    StreamAborted: Session._on_aborted,
+    DatagramReceived: Session._on_datagram,
+    ControlReceived: Session._on_control,
+    ProtocolViolation: Session._on_violation,
+    SessionEnded: Session._on_ended,
+}

@@ -1,8 +1,10 @@
 """One stream of a session, as the services use it: reads and writes that await the session's events.
 
-A :class:`Stream` is made and woken by its :class:`raven.transport.session.Session` (the events of the sans-I/O
-core); the service awaits :meth:`Stream.head`, :meth:`Stream.read`, :meth:`Stream.write`. Reading returns credit
-to the peer as the consumer takes data; writing waits for credit and for room in the session's send queue.
+A :class:`Stream` is made and woken by its session (raven/transport/session.py), which calls the methods under
+"the session's events"; the service awaits :meth:`Stream.head`, :meth:`Stream.read`, :meth:`Stream.write`.
+Reading returns credit to the peer as the consumer takes data; writing waits for credit and for room in the
+session's send queue. What a stream asks of its session is the small :class:`Link` surface below, so this module
+does not import the session's.
 """
 
 from __future__ import annotations
@@ -10,15 +12,39 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from raven.protocol import wire
 from raven.protocol.session import StreamReset
 
-if TYPE_CHECKING:
-    from raven.transport.session import Session
-
 _EMPTY = b""
+
+
+class Link(Protocol):
+    """What a stream needs of its session: the loop, room to send, and the stream operations of the core, each
+    followed by whatever the session must do next (wake its writer, let go of a finished stream)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def congested(self) -> bool:
+        """More is queued than the session lets writers add to: :meth:`wait_send_room` first."""
+        ...
+
+    async def wait_send_room(self) -> None: ...
+
+    def consumed(self, stream_id: int, n: int) -> None: ...
+
+    def send_data(self, stream_id: int, data: memoryview, fin: bool) -> int: ...
+
+    def send_head(self, stream: Stream, status: int, reason: str, headers: wire.Headers, fin: bool) -> None: ...
+
+    def end_stream(self, stream: Stream) -> None: ...
+
+    def reset_stream(self, stream: Stream, code: wire.ResetCode, reason: str) -> None: ...
+
+    def done_writing(self, stream: Stream) -> None: ...
 
 
 class Stream:
@@ -30,9 +56,9 @@ class Stream:
         "_data_waiter",
         "_finished",
         "_head",
+        "_link",
         "_remote_fin",
         "_reset",
-        "_session",
         "bytes_in",
         "bytes_out",
         "id",
@@ -40,17 +66,17 @@ class Stream:
         "open",
     )
 
-    def __init__(self, session: Session, stream_id: int, open_frame: wire.Open) -> None:
-        self._session = session
+    def __init__(self, link: Link, stream_id: int, open_frame: wire.Open, *, opener: bool) -> None:
+        self._link = link
         self.id = stream_id
         self.open = open_frame
         self._chunks: collections.deque[memoryview] = collections.deque()
         self._data_waiter: asyncio.Future[None] | None = None
         self._credit_waiter: asyncio.Future[None] | None = None
-        self._head: asyncio.Future[wire.Head] = session.loop.create_future()
-        self._finished: asyncio.Future[None] = session.loop.create_future()
-        self._remote_fin = open_frame.fin and not session.opener
-        self.local_fin = open_frame.fin and session.opener
+        self._head: asyncio.Future[wire.Head] = link.loop.create_future()
+        self._finished: asyncio.Future[None] = link.loop.create_future()
+        self._remote_fin = open_frame.fin and not opener
+        self.local_fin = open_frame.fin and opener
         self._reset: StreamReset | None = None
         self.bytes_in = 0
         self.bytes_out = 0
@@ -70,12 +96,15 @@ class Stream:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    # ------------------------------------------------------------ the session's events
+    # ------------------------------------------------------------ the session's events (called by the session)
 
-    def _on_head(self, head: wire.Head) -> None:
+    def head_received(self, head: wire.Head) -> None:
         self._head.set_result(head)
 
-    def _on_data(self, data: memoryview, fin: bool) -> None:
+    def credit_received(self) -> None:
+        self._wake(self._credit_waiter)
+
+    def data_received(self, data: memoryview, fin: bool) -> None:
         if data:
             # A chunk is a view into its whole received message: while it waits here it keeps the message alive.
             # Where it is under half of a batched message (other frames beside it), it is copied out, so that
@@ -89,7 +118,12 @@ class Stream:
             self._remote_fin = True
         self._wake(self._data_waiter)
 
-    def _on_reset(self, err: StreamReset) -> None:
+    def released(self) -> None:
+        """The session let go of the stream (both ways ended, or reset): :meth:`wait_finished` returns."""
+        if not self._finished.done():
+            self._finished.set_result(None)
+
+    def aborted(self, err: StreamReset) -> None:
         if self._reset is not None:
             return
         self._reset = err
@@ -122,15 +156,13 @@ class Stream:
         while True:
             if self._chunks:
                 chunk = self._chunks.popleft()
-                session = self._session
-                session.core.consumed(self.id, len(chunk))
-                session._kick()
+                self._link.consumed(self.id, len(chunk))
                 return chunk
             if self._reset is not None:
                 raise self._reset
             if self._remote_fin:
                 return _EMPTY
-            self._data_waiter = self._session.loop.create_future()
+            self._data_waiter = self._link.loop.create_future()
             try:
                 await self._data_waiter
             finally:
@@ -147,17 +179,17 @@ class Stream:
         if end and not view:
             self.end()
             return
-        session = self._session
-        send = session.core.send_data
+        link = self._link
+        send = link.send_data
         while view:
             if self._reset is not None:
                 raise self._reset
-            if session._queued > session.HIGH_WATER:
-                await session._wait_send_room()
+            if link.congested:
+                await link.wait_send_room()
                 continue
             n = send(self.id, view, end)
             if n == 0:
-                self._credit_waiter = session.loop.create_future()
+                self._credit_waiter = link.loop.create_future()
                 try:
                     await self._credit_waiter
                 finally:
@@ -165,42 +197,31 @@ class Stream:
                 continue
             self.bytes_out += n
             view = view[n:]
-            session._kick()
         if end:
             self.local_fin = True
-            session._release_if_done(self)
+            link.done_writing(self)
 
     def end(self) -> None:
         """Half-close: no more data from this side. Idempotent."""
         if self.local_fin or self._reset is not None or self.finished:
             return
         self.local_fin = True
-        session = self._session
-        session.core.end_stream(self.id)
-        session._kick()
-        session._release_if_done(self)
+        self._link.end_stream(self)
 
     def send_head(self, status: int, reason: str, headers: wire.Headers, fin: bool = False) -> None:
         """Send the response head (acceptor side)."""
         if self._reset is not None:
             raise self._reset
-        session = self._session
-        session.core.send_head(self.id, status, reason, headers, fin)
+        self._link.send_head(self, status, reason, headers, fin)
         if fin:
             self.local_fin = True
-        session._kick()
-        if fin:
-            session._release_if_done(self)
+            self._link.done_writing(self)
 
     def reset(self, code: wire.ResetCode, reason: str) -> None:
         """Abort the stream in both directions and tell the peer. Idempotent."""
         if self.finished:
             return
-        session = self._session
-        session.core.reset_stream(self.id, code, reason)
-        session._kick()
-        self._on_reset(StreamReset(code, reason, remote=False))
-        session._release(self)
+        self._link.reset_stream(self, code, reason)
 
     def close(self) -> None:
         """Ensure the stream is finished: a stream not cleanly ended both ways is cancelled."""

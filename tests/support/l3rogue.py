@@ -20,10 +20,10 @@ from pathlib import Path
 import aiohttp
 
 from raven.config import TLSConfig
-from raven.protocol import handshake, wire
-from raven.transport.session import Session
+from raven.protocol import wire
+from raven.transport.connect import connect
 from raven.transport.tls import client_context
-from raven.transport.websocket import WebSocketSink, messages
+from raven.transport.websocket import messages
 from tests.support.l3tools import udp_packet
 
 
@@ -42,11 +42,8 @@ async def rogue(args: argparse.Namespace) -> int:
         ws = await http.ws_connect(args.url, ssl=ctx, server_hostname=args.server_name, compress=0)
         try:
             hello = wire.Hello(args.name, uuid.uuid4().hex)
-            await ws.send_bytes(wire.encode(hello))
-            welcome = handshake.read_welcome((await ws.receive()).data, wire.DEFAULT_LIMITS)
-            session = Session.after_handshake(WebSocketSink(ws), handshake.agent_side(hello, welcome), opener=False,
-                                              name=f"gw:{welcome.replica}", limits=wire.DEFAULT_LIMITS,
-                                              on_control=on_control)
+            session, _ = await connect(ws, hello, limits=wire.DEFAULT_LIMITS, timeout=10)
+            session.on_control = on_control
             reader = asyncio.create_task(session.run(messages(ws)))
             session.send_control(wire.Routes((args.cidr,), pool=args.pool))
             routes = await asyncio.wait_for(answer, 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from raven.protocol import session as core
 from raven.protocol import wire
 from raven.transport.session import OpenHandler, Session
 
@@ -35,13 +36,18 @@ async def pair(
 ) -> tuple[Session, Session, list[asyncio.Task[None]]]:
     to_agent: asyncio.Queue[bytes | None] = asyncio.Queue()
     to_gateway: asyncio.Queue[bytes | None] = asyncio.Queue()
-    common = dict(local_window=window, peer_window=window, local_max_streams=64, peer_max_streams=64)
-    gw = Session(QueueSink(to_agent), opener=True, name="gw", **common)  # type: ignore[arg-type]
-    ag = Session(QueueSink(to_gateway), opener=False, name="ag", on_open=on_open, **common)  # type: ignore[arg-type]
-    gw.start(*heartbeat)
-    ag.start(*heartbeat)
+    gw = Session(QueueSink(to_agent), core_session(True, window, heartbeat), name="gw")
+    ag = Session(QueueSink(to_gateway), core_session(False, window, heartbeat), name="ag", on_open=on_open)
     tasks = [asyncio.create_task(gw.run(drain(to_gateway))), asyncio.create_task(ag.run(drain(to_agent)))]
     return gw, ag, tasks
+
+
+def core_session(opener: bool, window: int = 64 * 1024, heartbeat: tuple[float, float] = (5.0, 15.0),
+                 max_streams: int = 64) -> core.Session:
+    """A ready core built from known numbers (what the handshake would agree), its heartbeat counted from now."""
+    return core.Session(opener=opener, local_window=window, peer_window=window, local_max_streams=max_streams,
+                        peer_max_streams=max_streams, heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1],
+                        now=asyncio.get_running_loop().time())
 
 
 def batched(*frames: bytes) -> bytes:

@@ -13,8 +13,7 @@ class FakeSession:
     def __init__(self, in_flight: int = 0) -> None:
         self.in_flight = in_flight
         self.closed = False
-        self.peer_draining = False
-        self.ids_left = 1000
+        self.usable = True  # OPEN, ids left (raven/protocol/state.py)
 
 
 def agent(name: str, pools: set[str], sid: str = "s1", load: int = 0) -> AgentSession:
@@ -78,7 +77,7 @@ def test_select_prefers_usable_and_least_loaded() -> None:
     busy = agent("a1", {"p"}, "1", load=5)
     idle = agent("a2", {"p"}, "2", load=1)
     draining = agent("a3", {"p"}, "3", load=0)
-    draining.draining = True
+    draining.session.usable = False  # type: ignore[misc]  # a FakeSession: the agent said DRAIN
     for s in (busy, idle, draining):
         reg.add_session(s)
         reg.register(s, [node("edge-1", "p")])

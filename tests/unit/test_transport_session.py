@@ -9,7 +9,7 @@ import pytest
 from raven.protocol import wire
 from raven.protocol.flow import RecvWindow, SendCredit
 from raven.transport.session import Session, Stream, StreamReset
-from tests.support.memsession import batched, frames, http_open, pair
+from tests.support.memsession import batched, core_session, frames, http_open, pair
 
 
 def test_flow_accounting() -> None:
@@ -157,9 +157,8 @@ async def test_heartbeat_deadline_closes_silent_session() -> None:
         async def close(self) -> None:
             pass
 
-    s = Session(Sink(), opener=True, name="lonely", local_window=1024, peer_window=1024,
-                local_max_streams=1, peer_max_streams=1)
-    s.start(0.1, 0.35)
+    s = Session(Sink(), core_session(True, 1024, (0.1, 0.35), max_streams=1), name="lonely")
+    s.start()
     await asyncio.wait_for(s.wait_closed(), 3)
     assert "heartbeat timeout" in s.close_reason
 
@@ -175,9 +174,8 @@ class _StuckSink:
 
 
 async def test_replies_to_a_peer_that_does_not_read_are_bounded() -> None:
-    s = Session(_StuckSink(), opener=True, name="flooded", local_window=1024, peer_window=1024,
-                local_max_streams=1, peer_max_streams=1)
-    s.start(60, 120)
+    s = Session(_StuckSink(), core_session(True, 1024, (60, 120), max_streams=1), name="flooded")
+    s.start()
     drain = wire.Drain("x" * 1000)
     for _ in range(Session.HARD_LIMIT // 1000 + 10):
         s.send_control(drain)  # what unanswered peer-triggered replies do
@@ -220,7 +218,7 @@ async def test_an_idle_session_keeps_no_writer_task_but_keeps_its_heartbeat() ->
         assert gw._writer_task is None and ag._writer_task is None
         assert not gw.closed and not ag.closed
         loop = asyncio.get_running_loop()
-        assert loop.time() - gw.last_rx < 0.5 and gw.rtt is not None  # PINGs answered
+        assert loop.time() - gw.core.last_rx < 0.5 and gw.core.rtt is not None  # PINGs answered
         stream = gw.open_stream(http_open())  # traffic brings a writer back
         assert gw._writer_task is not None
         stream.close()
@@ -246,9 +244,8 @@ async def test_a_small_chunk_of_a_large_batched_message_does_not_keep_the_messag
 
 async def test_a_peer_that_sends_but_never_reads_is_cut_off() -> None:
     """The peer keeps the session alive with PINGs but reads nothing: the stalled write ends the session."""
-    s = Session(_StuckSink(), opener=True, name="deaf", local_window=1024, peer_window=1024,
-                local_max_streams=1, peer_max_streams=1)
-    s.start(0.1, 0.3)  # the write deadline: 3 heartbeat timeouts, 0.9 s
+    s = Session(_StuckSink(), core_session(True, 1024, (0.1, 0.3), max_streams=1), name="deaf")
+    s.start()  # the write deadline: 3 heartbeat timeouts, 0.9 s
     s.send_control(wire.Drain("anything"))  # a write that will never complete
     ping = batched(wire.encode(wire.Ping(1)))
     loop = asyncio.get_running_loop()

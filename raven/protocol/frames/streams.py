@@ -1,0 +1,220 @@
+"""The stream frames (stream id > 0), each with its encoder and its decoder beside it. A decoder gets the frame's
+stream id, its payload (a view, never copied here), its FIN flag and the limits; it raises
+:class:`ProtocolError` for the stream (or the session) and nothing else."""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+
+from raven.protocol.frames.base import (
+    BATCHED_HEADER,
+    DEFAULT_LIMITS,
+    FLAG_FIN,
+    HEADER,
+    HEADER_SIZE,
+    MAX_WINDOW_INCREMENT,
+    TOKEN,
+    U16,
+    U32,
+    FrameType,
+    Headers,
+    Limits,
+    ProtocolError,
+    Reader,
+    ResetCode,
+    StreamKind,
+    check_headers,
+    decode_headers,
+    encode_headers,
+    header,
+    short_str,
+)
+
+_OPEN_FIXED = struct.Struct("!BH")  # kind, port
+_HEAD_FIXED = struct.Struct("!HB")  # status, reason length
+RESET_FIXED = struct.Struct("!H")  # code (RESET and GOAWAY)
+_BAD_REASON = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+# ---------------------------------------------------------------- OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    stream_id: int
+    kind: StreamKind
+    node: str
+    port: int
+    method: str = ""
+    target: str = ""
+    headers: Headers = ()
+    fin: bool = False
+
+
+def encode_open(frame: Open) -> bytes:
+    if frame.kind == StreamKind.HTTP:
+        check_headers(frame.headers, frame.stream_id)
+    target = frame.target.encode("latin-1")
+    if len(target) > 0xFFFF:
+        raise ValueError("request target longer than 65535 bytes")
+    body = b"".join(
+        (
+            _OPEN_FIXED.pack(frame.kind, frame.port),
+            short_str(frame.node, "node name"),
+            short_str(frame.method, "method"),
+            U16.pack(len(target)),
+            target,
+            encode_headers(frame.headers),
+        )
+    )
+    return header(FrameType.OPEN, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
+
+
+def decode_open(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> Open:
+    r = Reader(payload, stream_id)
+    kind_byte, port = _OPEN_FIXED.unpack(r.take(_OPEN_FIXED.size, "OPEN"))
+    try:
+        kind = StreamKind(kind_byte)
+    except ValueError:
+        raise ProtocolError(f"unknown stream kind {kind_byte}", stream_id) from None
+    if port == 0:
+        raise ProtocolError("OPEN: port 0", stream_id)
+    node = r.text(r.u8("node length"), "node name", "utf-8")
+    method = r.text(r.u8("method length"), "method")
+    target = r.text(r.u16("target length"), "target")
+    headers = decode_headers(r, limits)
+    r.done("OPEN")
+    if kind == StreamKind.HTTP and (not TOKEN.match(method.encode()) or not target):
+        raise ProtocolError("OPEN: HTTP stream needs a method token and a target", stream_id)
+    return Open(stream_id, kind, node, port, method, target, headers, fin)
+
+
+# ---------------------------------------------------------------- HEAD
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    stream_id: int
+    status: int
+    reason: str = ""
+    headers: Headers = ()
+    fin: bool = False
+
+
+def encode_head(frame: Head) -> bytes:
+    check_headers(frame.headers, frame.stream_id)
+    reason = _BAD_REASON.sub(b" ", frame.reason.encode("latin-1", "replace")[:255])
+    body = _HEAD_FIXED.pack(frame.status, len(reason)) + reason + encode_headers(frame.headers)
+    return header(FrameType.HEAD, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
+
+
+def decode_head(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> Head:
+    r = Reader(payload, stream_id)
+    status, reason_len = _HEAD_FIXED.unpack(r.take(_HEAD_FIXED.size, "HEAD"))
+    if not 100 <= status <= 999:
+        raise ProtocolError(f"HEAD: status {status} out of range", stream_id)
+    reason = r.text(reason_len, "reason")
+    if _BAD_REASON.search(reason.encode("latin-1")):
+        raise ProtocolError("HEAD: control character in the reason phrase", stream_id)
+    headers = decode_headers(r, limits)
+    r.done("HEAD")
+    return Head(stream_id, status, reason, headers, fin)
+
+
+# ---------------------------------------------------------------- DATA (the data path: one pack, no copy)
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    stream_id: int
+    data: bytes | memoryview = field(repr=False)
+    fin: bool = False
+
+
+def encode_data(stream_id: int, data: bytes | memoryview, fin: bool = False) -> bytes:
+    """The data path's encoder: one concatenation, no other copy."""
+    return HEADER.pack(FrameType.DATA, FLAG_FIN if fin else 0, stream_id) + data
+
+
+def data_header(stream_id: int, length: int, fin: bool, batched: bool) -> bytes:
+    """The bytes that precede ``length`` bytes of DATA: the frame header, length-prefixed when batched."""
+    flags = FLAG_FIN if fin else 0
+    if batched:
+        return BATCHED_HEADER.pack(HEADER_SIZE + length, FrameType.DATA, flags, stream_id)
+    return HEADER.pack(FrameType.DATA, flags, stream_id)
+
+
+def decode_data(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> Data:
+    if len(payload) > limits.max_data:
+        raise ProtocolError(f"DATA of {len(payload)} bytes exceeds {limits.max_data}", stream_id,
+                            ResetCode.FLOW_CONTROL)
+    return Data(stream_id, payload, fin)
+
+
+# ---------------------------------------------------------------- END
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    stream_id: int
+
+
+def encode_end(frame: End) -> bytes:
+    return header(FrameType.END, 0, frame.stream_id)
+
+
+def decode_end(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> End:
+    if payload:
+        raise ProtocolError("END carries no payload", stream_id)
+    return End(stream_id)
+
+
+# ---------------------------------------------------------------- RESET
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    stream_id: int
+    code: int
+    reason: str = ""
+
+
+def encode_reset(frame: Reset) -> bytes:
+    reason = frame.reason.encode("utf-8")[: DEFAULT_LIMITS.max_reason]
+    return header(FrameType.RESET, 0, frame.stream_id) + RESET_FIXED.pack(frame.code) + reason
+
+
+def decode_reset(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> Reset:
+    if not 2 <= len(payload) <= 2 + limits.max_reason:
+        raise ProtocolError("RESET payload has a bad length", stream_id)
+    code = int(RESET_FIXED.unpack(payload[:2])[0])
+    return Reset(stream_id, code, bytes(payload[2:]).decode("utf-8", "replace"))
+
+
+# ---------------------------------------------------------------- WINDOW
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    stream_id: int
+    increment: int
+
+
+def encode_window(frame: Window) -> bytes:
+    if not 0 < frame.increment <= MAX_WINDOW_INCREMENT:
+        raise ValueError("window increment out of range")
+    return header(FrameType.WINDOW, 0, frame.stream_id) + U32.pack(frame.increment)
+
+
+def decode_window(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> Window:
+    if len(payload) != 4:
+        raise ProtocolError("WINDOW payload must be 4 bytes", stream_id)
+    inc = int(U32.unpack(payload)[0])
+    if not 0 < inc <= MAX_WINDOW_INCREMENT:
+        raise ProtocolError(f"WINDOW increment {inc} out of range", stream_id, ResetCode.FLOW_CONTROL)
+    return Window(stream_id, inc)
+
+
+StreamFrame = Open | Head | Data | End | Reset | Window
