@@ -33,9 +33,6 @@ from gateway.auth import FrontAuth
 from gateway.pools import Pools
 from gateway.registry import AgentSession, NodeEntry, Registry
 from gateway.request import (
-    RESET_STATUS,
-    STATUS_LABEL,
-    Refusal,
     Target,
     check_header_block,
     client_key,
@@ -47,11 +44,13 @@ from gateway.request import (
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
+from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, COMPRESS_HEADER, DEADLINE_HEADER, FORWARDED, IDEMPOTENT
+from raven.refusals import Reason, Refusal, reset_reason
 from raven.transport.listener import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
 
@@ -108,7 +107,11 @@ class _RelayResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-class _ClientStalled(Exception):
+# The connection guard's refusals (raven/transport/listener.py) by the label it gives them.
+_CONNECTION_REASON = {"over-capacity": Reason.CONNECTION_OVER_CAPACITY, "client-cap": Reason.CONNECTION_CLIENT_CAP}
+
+
+class _ClientStalled(RavenError):
     """The client read none of its response for write_stall_timeout."""
 
 
@@ -150,14 +153,15 @@ class Proxy:
             proxy_mode = request.method == "CONNECT" or request.raw_path.startswith(("http://", "https://"))
             denied = self.auth.check(lambda name: request.headers.getall(name, []), proxy_mode)
             if denied is not None:
-                raise Refusal(denied.status, denied.reason, denied.label, denied.headers)
+                raise denied
             self._check_method(request)
             target = ex.target = parse_target(request)
             ex.kind = target.kind.name.lower()
             ex.node = target.node
             if target.port not in self.allowed_ports:
                 allowed = ", ".join(str(p) for p in sorted(self.allowed_ports))
-                raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
+                raise Refusal(Reason.PORT, f"port {target.port} of node {target.node!r} is not allowed (allowed: "
+                                           f"{allowed})")
             found = self.registry.lookup(target.node)
             self._vouch(ex, found.entry)
             if self.pools is not None:  # never proxy to a pool Prometheus reaches itself (gateway/pools.py)
@@ -165,14 +169,13 @@ class Proxy:
             if found.entry is None:
                 if not self.settled():
                     # A replica that just started does not know every node yet: "try again", not "no such node".
-                    raise Refusal(503, f"node {target.node!r} is not registered here yet: this gateway replica is "
-                                       "starting and its agents are still connecting", "not-settled",
-                                  {"Retry-After": "2"})
-                raise Refusal(404, found.reason)
+                    raise Refusal(Reason.NOT_SETTLED, f"node {target.node!r} is not registered here yet: this gateway "
+                                  "replica is starting and its agents are still connecting", {"Retry-After": "2"})
+                raise Refusal(Reason.UNKNOWN_NODE, found.reason)
             ex.entry = found.entry
             ex.pool = found.entry.pool
             if found.reason:
-                raise Refusal(503, found.reason)
+                raise Refusal(Reason.UNAVAILABLE, found.reason)
             ex.deadline = ex.start + self._timeout(request)
             if target.kind == wire.StreamKind.TCP:
                 return await self._connect(ex)
@@ -195,8 +198,8 @@ class Proxy:
         label, why = over
         ex.pool = entry.pool if entry is not None else "-"
         self.metrics.connection_refusals.labels(ex.pool, label).inc()
-        raise Refusal(503, f"connection for node {ex.node!r} refused: {why}", f"connection-{label}",
-                      {"Retry-After": "5"})
+        raise Refusal(_CONNECTION_REASON.get(label, Reason.UNAVAILABLE), f"connection for node {ex.node!r} refused: "
+                      f"{why}", {"Retry-After": "5"})
 
     def configure(self, cfg: GatewayFront) -> None:
         """Take the front end's settings (at start, and on a configuration reload: for requests from now on)."""
@@ -227,7 +230,7 @@ class Proxy:
         method = request.method
         if (self.cfg.allow_connect if method == "CONNECT" else method in self.allowed_methods):
             return
-        raise Refusal(405, f"method {method[:20]} is not allowed here (allowed: {self.allow_header})", "method",
+        raise Refusal(Reason.METHOD, f"method {method[:20]} is not allowed here (allowed: {self.allow_header})",
                       {"Allow": self.allow_header})
 
     def _timeout(self, request: web.BaseRequest) -> float:
@@ -244,18 +247,18 @@ class Proxy:
 
     def _refuse(self, ex: Exchange, ref: Refusal) -> web.Response:
         request = ex.request
-        label = ref.label or STATUS_LABEL.get(ref.status, str(ref.status))
+        label = ref.label
         # One line per client and reason a minute (with a count of the rest): a client cannot grow the log.
         self._log.warning(request.remote or "?", label, "%s %s from %s -> %d (node %s, pool %s): %s",
                           request.method[:20], path_for_log(request.raw_path), request.remote, ref.status, ex.node,
-                          ex.pool, ref.reason)
-        ex.code, ex.reason, ex.observe = str(ref.status), ref.reason, True
+                          ex.pool, ref.text)
+        ex.code, ex.reason, ex.observe = str(ref.status), ref.text, True
         ex.last_scrape = ref.status >= 500  # a refusal of the client's own making (4xx) says nothing about the node
         self.metrics.front_refused.labels(label).inc()
         response = web.Response(
             status=ref.status,
-            text=f"raven: {ref.reason}\n",
-            headers={**ref.headers, "X-Raven-Error": header_safe(ref.reason)},
+            text=f"raven: {ref.text}\n",
+            headers={**ref.headers, "X-Raven-Error": header_safe(ref.text)},
         )
         if not self.guard.proven(request):  # sent nothing but refused requests: it does not stay
             response.force_close()
@@ -267,12 +270,12 @@ class Proxy:
         """Take one of the node's slots for ``client``: no client holds more than its share of a node."""
         n = self.node_streams.get(node, 0)
         if n >= self.cfg.max_streams_per_node:
-            raise Refusal(503, f"node {node!r} already has {n} requests in flight (limit)", "node-busy")
+            raise Refusal(Reason.NODE_BUSY, f"node {node!r} already has {n} requests in flight (limit)")
         key = (client, node)
         mine = self.client_streams.get(key, 0)
         if mine >= self.client_cap:
-            raise Refusal(503, f"this client already has {mine} requests in flight to node {node!r} (limit "
-                               f"{self.client_cap} per client and node)", "client-share")
+            raise Refusal(Reason.CLIENT_SHARE, f"this client already has {mine} requests in flight to node "
+                               f"{node!r} (limit {self.client_cap} per client and node)")
         self.node_streams[node] = n + 1
         self.client_streams[key] = mine + 1
         self.idle.clear()
@@ -308,17 +311,17 @@ class Proxy:
                 reason = f"pool {entry.pool!r} has no usable agent for node {target.node!r}"
                 if entry.sessions:
                     reason += " (all draining or closed)"
-                raise Refusal(503, reason)
+                raise Refusal(Reason.UNAVAILABLE, reason)
             tried.append(chosen)
             ex.agent = chosen.agent
             try:
                 stream = chosen.session.open_stream(open_frame)
             except StreamReset as exc:
-                last = Refusal(503, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: "
-                                    f"{exc.reason}")
+                last = Refusal(Reason.UNAVAILABLE, f"node {target.node!r} (pool {entry.pool!r}) via agent "
+                                                   f"{chosen.agent}: {exc.reason}")
                 continue
             except (ValueError, wire.ProtocolError) as exc:
-                raise Refusal(400, f"request cannot be carried: {exc}") from None
+                raise Refusal(Reason.BAD_REQUEST, f"request cannot be carried: {exc}") from None
             self.metrics.streams.inc()
             progress = _BodyProgress()
             try:
@@ -334,19 +337,18 @@ class Proxy:
             except TimeoutError:
                 if progress.waiting_for_client:
                     stream.reset(wire.ResetCode.CANCEL, "the client stopped sending its request body")
-                    raise Refusal(408, f"the client sent {progress.sent} bytes of its request body for node "
-                                       f"{target.node!r} and did not finish it in time", "body-timeout") from None
+                    raise Refusal(Reason.BODY_TIMEOUT, f"the client sent {progress.sent} bytes of its request body for "
+                                  f"node {target.node!r} and did not finish it in time") from None
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
                 raise Refusal(
-                    504,
+                    Reason.TIMEOUT,
                     f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no response head "
                     f"within {self._timeout(request):.1f}s",
                 ) from None
             except StreamReset as exc:
                 stream.close()
-                status = RESET_STATUS.get(exc.code, 502)
                 last = Refusal(
-                    status,
+                    reset_reason(exc.code),
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
                 if attempt == 1 and retryable and self.registry.has_alternative(entry, tried):
@@ -415,7 +417,7 @@ class Proxy:
         assert target is not None
         if not 200 <= head.status <= 599:  # agents refuse interim and odd statuses; one that sends them is broken
             stream.reset(wire.ResetCode.PROTOCOL, f"status {head.status} is not a final HTTP status")
-            raise Refusal(502, f"{ex.via()}: the agent sent status {head.status}, not a final HTTP status")
+            raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the agent sent status {head.status}, not a final HTTP status")
         resp = _RelayResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
         length = content_length(out_headers.get("Content-Length"))
@@ -436,12 +438,12 @@ class Proxy:
                     first = await stream.read()
             except TimeoutError:
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
-                raise Refusal(504, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent no "
-                                   f"response body within {self._timeout(request):.1f}s") from None
+                raise Refusal(Reason.TIMEOUT, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent "
+                                   f"no response body within {self._timeout(request):.1f}s") from None
             except StreamReset as exc:
-                raise Refusal(RESET_STATUS.get(exc.code, 502), f"{ex.via()}: {exc.reason}") from None
+                raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
-                raise Refusal(502, f"{ex.via()}: the body ended after 0 of {length} bytes")
+                raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the body ended after 0 of {length} bytes")
         if self.draining():
             resp.force_close()  # "Connection: close": a draining replica sends keep-alive clients elsewhere
         await resp.prepare(request)
@@ -481,7 +483,7 @@ class Proxy:
                               request.remote, target.node, self.cfg.write_stall_timeout, received)
             self._abort(request)
             ex.code, ex.reason = "client-stalled", "the client stopped reading"
-            self.metrics.front_refused.labels("write-stall").inc()
+            self.metrics.front_refused.labels(Reason.WRITE_STALL.label).inc()
             return resp
         try:
             await resp.write_eof()
@@ -526,12 +528,12 @@ class Proxy:
         assert target is not None
         client = request.remote or "?"
         if self.connect_total >= self.cfg.max_connect_tunnels:
-            raise Refusal(503, f"{self.connect_total} CONNECT tunnels are open (limit {self.cfg.max_connect_tunnels})",
-                          "connect-cap")
+            raise Refusal(Reason.CONNECT_CAP, f"{self.connect_total} CONNECT tunnels are open (limit "
+                          f"{self.cfg.max_connect_tunnels})")
         mine = self.connect_tunnels.get(client, 0)
         if mine >= self.cfg.max_connect_per_client:
-            raise Refusal(503, f"this client has {mine} CONNECT tunnels open (limit {self.cfg.max_connect_per_client})",
-                          "connect-client-cap")
+            raise Refusal(Reason.CONNECT_CLIENT_CAP, f"this client has {mine} CONNECT tunnels open (limit "
+                          f"{self.cfg.max_connect_per_client})")
         open_frame = wire.Open(0, wire.StreamKind.TCP, target.node, target.port,
                                headers=((CLIENT_HEADER, client_key(client)),))
         self._claim(target.node, client)
@@ -541,7 +543,7 @@ class Proxy:
             stream, head = await self._open(ex, open_frame, True)
             try:
                 if head.status != 200:
-                    raise Refusal(502, f"agent {ex.agent} could not open {target.node}:{target.port}")
+                    raise Refusal(Reason.UPSTREAM, f"agent {ex.agent} could not open {target.node}:{target.port}")
                 transport = request.transport
                 if transport is None:
                     ex.code, ex.reason = "client-gone", "the client left before the tunnel opened"

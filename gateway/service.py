@@ -335,7 +335,7 @@ class Gateway:
         if denied is None:
             return None
         self.metrics.front_refused.labels(denied.label).inc()
-        return web.Response(status=denied.status, text=f"raven: {denied.reason}\n", headers=denied.headers)
+        return web.Response(status=denied.status, text=f"raven: {denied.text}\n", headers=denied.headers)
 
     def status_snapshot(self) -> dict[str, Any]:
         snap = snapshot(
