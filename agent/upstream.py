@@ -85,7 +85,7 @@ class ResponseBroken(UpstreamError):
     """The response broke after its head: closed or malformed mid-body."""
 
 
-class _Stop(Exception):
+class _Stop(RavenError):
     """Raised inside a parser callback to stop parsing: the response is settled."""
 
 

@@ -174,7 +174,7 @@ class KubeNode:
         )
 
 
-class _Gone(Exception):
+class _Gone(KubeError):
     """The resourceVersion we watch from is no longer in the server's history: LIST again."""
 
 
