@@ -2,7 +2,8 @@
 
 A compromised or buggy gateway must not turn the agent into an open proxy into the edge network. So the
 address comes only from the agent's inventory, the port only from its allowlist, the method only from its
-allowlist, and the request target must be origin-form. The upstream URL is built from those parts with yarl
+allowlist, and the request target must be origin-form (else a :class:`~raven.refusals.Refusal` whose reason
+fixes the metric label and the reset code). The upstream URL is built from those parts with yarl
 (never by pasting strings) and checked once more before anything is dialled. Pure functions, no I/O.
 """
 
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FRAMING, HOP_BY_HOP, RAVEN_PREFIX
+from raven.refusals import Reason, Refusal
 
 MAX_TARGET = 8192
 # Origin-form (RFC 9112 section 3.2.1): an absolute path and an optional query, printable ASCII without
@@ -26,16 +27,6 @@ _ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=@A-Z_a-z~%]*(\?[!$&'()*+,\
 # frames the body it sends itself; a gateway must not choose the framing). Raven's own are consumed.
 _DROP = HOP_BY_HOP | FRAMING
 _CLIENT_KEY = re.compile(r"[A-Za-z0-9_-]{1,32}")
-
-
-class Refused(RavenError):
-    """An OPEN the agent will not serve: ``label`` is a fixed word for metrics, ``reason`` goes to the gateway."""
-
-    def __init__(self, label: str, reason: str, code: wire.ResetCode = wire.ResetCode.REFUSED) -> None:
-        super().__init__(reason)
-        self.label = label
-        self.reason = reason
-        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,32 +49,32 @@ class Policy:
 
 
 def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request:
-    """Check one OPEN against the agent's own inventory address and policy; raise :class:`Refused`."""
+    """Check one OPEN against the agent's own inventory address and policy; raise :class:`Refusal`."""
     node = frame.node
     if address is None:
-        raise Refused("node", f"node {node!r} is not served by this agent")
+        raise Refusal(Reason.AGENT_NODE, f"node {node!r} is not served by this agent")
     if frame.port not in policy.allowed_ports:
-        raise Refused("port", f"port {frame.port} is not allowed on this agent")
+        raise Refusal(Reason.AGENT_PORT, f"port {frame.port} is not allowed on this agent")
     if frame.kind == wire.StreamKind.TCP:
         if not policy.allow_connect:
-            raise Refused("connect", "CONNECT (raw TCP) is not enabled on this agent")
+            raise Refusal(Reason.AGENT_CONNECT, "CONNECT (raw TCP) is not enabled on this agent")
     elif frame.method not in policy.allowed_methods:
-        raise Refused("method", f"method {frame.method[:20]!r} is not allowed on this agent")
+        raise Refusal(Reason.AGENT_METHOD, f"method {frame.method[:20]!r} is not allowed on this agent")
     timeout, client, headers = _split_headers(frame.headers, policy.default_timeout)
     if frame.kind == wire.StreamKind.TCP:
         return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (), timeout, client)
     target = frame.target
     if len(target) > MAX_TARGET:
-        raise Refused("target", f"request target of {len(target)} characters (limit {MAX_TARGET})")
+        raise Refusal(Reason.AGENT_TARGET, f"request target of {len(target)} characters (limit {MAX_TARGET})")
     if not _ORIGIN_FORM.fullmatch(target):
-        raise Refused("target", f"request target {target[:80]!r} is not origin-form (/path?query)")
+        raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} is not origin-form (/path?query)")
     path, _, query = target.partition("?")
     # Already encoded parts: an IPv6 address must come bracketed then (yarl brackets it only when it encodes).
     host = f"[{address}]" if ":" in address and not address.startswith("[") else address
     url = URL.build(scheme="http", host=host, port=frame.port, path=path, query_string=query, encoded=True)
     # Belt and braces: whatever the target held, the URL goes to the inventory address and allowed port only.
     if url.host != address.strip("[]") or url.port != frame.port or url.user is not None:
-        raise Refused("target", f"request target {target[:80]!r} would leave node {node!r}")
+        raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} would leave node {node!r}")
     return Request(url, address, headers, timeout, client)
 
 

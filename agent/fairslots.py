@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from raven.counters import KeyedCounter
 from raven.errors import RavenError
 
 
@@ -44,7 +45,7 @@ class FairSlots:
         self.per_key = max(1, min(per_key, limit))
         self.max_waiting = max_waiting
         self.active = 0
-        self.held: dict[str, int] = {}
+        self.held: KeyedCounter[str] = KeyedCounter()  # slots taken per client key
         self.waiting = 0
         self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
 
@@ -53,11 +54,11 @@ class FairSlots:
         return self.active == 0 and self.waiting == 0
 
     def _may_take(self, key: str) -> bool:
-        return self.active < self.limit and self.held.get(key, 0) < self.per_key
+        return self.active < self.limit and self.held.count(key) < self.per_key
 
     def _take(self, key: str) -> None:
         self.active += 1
-        self.held[key] = self.held.get(key, 0) + 1
+        self.held.add(key)
 
     def try_acquire(self, key: str) -> bool:
         """Take a slot for ``key`` if one is free for it now, without waiting; say whether it did."""
@@ -124,18 +125,14 @@ class FairSlots:
 
     def release(self, key: str) -> None:
         self.active -= 1
-        left = self.held.get(key, 1) - 1
-        if left > 0:
-            self.held[key] = left
-        else:
-            self.held.pop(key, None)
+        self.held.remove(key)
         self._grant()
 
     def _grant(self) -> None:
         """Hand free slots to waiting clients in turn: the first client in line that is under its share."""
         while self.active < self.limit and self._queues:
             for key in self._queues:
-                if self.held.get(key, 0) < self.per_key:
+                if self.held.count(key) < self.per_key:
                     break
             else:
                 return  # every waiting client is at its share

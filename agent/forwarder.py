@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agent import compress
-from agent.checks import Policy, Refused, Request, check_open
+from agent.checks import Policy, Request, check_open
 from agent.fairslots import Abandoned, FairSlots, QueueFull
 from agent.upstream import (
     IDLE_TIMEOUT,
@@ -36,6 +36,7 @@ from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 from raven.protocol.headers import HOP_BY_HOP
+from raven.refusals import Reason, Refusal
 from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.agent.forwarder")
@@ -126,11 +127,11 @@ class Forwarder:
     def on_open(self, stream: Stream) -> None:
         frame = stream.open
         if self.draining():
-            self._refuse(stream, Refused("draining", "agent is draining", wire.ResetCode.DRAINING))
+            self._refuse(stream, Refusal(Reason.AGENT_DRAINING, "agent is draining"))
             return
         try:
             req = check_open(frame, self.nodes().get(frame.node), self.policy)
-        except Refused as refused:
+        except Refusal as refused:
             self._refuse(stream, refused)
             return
         serve = self._serve_http if frame.kind == wire.StreamKind.HTTP else self._serve_tcp
@@ -157,12 +158,12 @@ class Forwarder:
         if not task.cancelled() and task.exception() is not None:
             log.error("stream handler failed: %r", task.exception())
 
-    def _refuse(self, stream: Stream, refused: Refused) -> None:
+    def _refuse(self, stream: Stream, refused: Refusal) -> None:
         frame = stream.open
         self._log.warning(f"{frame.node}:{refused.label}", refused.label, "refused stream for %s:%d (pool %s): %s",
-                          frame.node, frame.port, self.pool, refused.reason)
+                          frame.node, frame.port, self.pool, refused.text)
         self.metrics.refused.labels(refused.label).inc()
-        stream.reset(refused.code, refused.reason)
+        stream.reset(refused.reset_code, refused.text)
 
     async def _in_slot(
         self, stream: Stream, req: Request, serve: Callable[[Stream, Request], Awaitable[None]]
@@ -182,11 +183,11 @@ class Forwarder:
                 self._gone(stream)  # reset while it waited: dropped from the queue, never dialled
                 return
             except QueueFull as exc:
-                self._refuse(stream, Refused("queue-full", f"node {node} is busy: {exc}", wire.ResetCode.LIMIT))
+                self._refuse(stream, Refusal(Reason.AGENT_QUEUE_FULL, f"node {node} is busy: {exc}"))
                 return
             except TimeoutError:
-                self._refuse(stream, Refused("queue-timeout", f"waited {req.timeout:.1f}s for a connection to node "
-                                             f"{node}", wire.ResetCode.TIMEOUT))
+                self._refuse(stream, Refusal(Reason.AGENT_QUEUE_TIMEOUT, f"waited {req.timeout:.1f}s for a connection "
+                                             f"to node {node}"))
                 return
             except asyncio.CancelledError:
                 if stream.finished:

@@ -23,10 +23,10 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from raven.errors import ConfigError
+from raven.refusals import Reason, Refusal
 
 log = logging.getLogger("raven.gateway.auth")
 
@@ -105,25 +105,17 @@ class TokenSet:
         return ok
 
 
-@dataclass(frozen=True, slots=True)
-class Denied:
-    status: int  # 401 or 407; 400 for a credential field that appears more than once
-    reason: str
-    headers: dict[str, str]
-    label: str = "auth"  # the reason label of raven_gateway_front_refused_total
-
-
 # A request's fields by name: every value of a field, in order (``lambda n: request.headers.getall(n, [])``).
 FieldValues = Callable[[str], Sequence[str]]
 
 
-def _one(fields: FieldValues, name: str) -> str | Denied:
+def _one(fields: FieldValues, name: str) -> str | Refusal:
     """The field's single value ("" when absent); a field sent twice is ambiguous (an intermediary may read the
     other one) and refused."""
     values = fields(name)
     if len(values) > 1:
-        return Denied(400, f"the request has {len(values)} {name} fields: a credential must be sent once", {},
-                      "duplicate-field")
+        return Refusal(Reason.DUPLICATE_FIELD, f"the request has {len(values)} {name} fields: a credential must be "
+                       "sent once")
     return values[0] if values else ""
 
 
@@ -159,45 +151,46 @@ class FrontAuth:
     def enabled(self) -> bool:
         return self.tokens is not None
 
-    def check(self, fields: FieldValues, proxy_mode: bool) -> Denied | None:
+    def check(self, fields: FieldValues, proxy_mode: bool) -> Refusal | None:
         # Duplicates are refused even when no token is required: the node must not get an ambiguous request.
         proxy_value = _one(fields, "Proxy-Authorization")
-        if isinstance(proxy_value, Denied):
+        if isinstance(proxy_value, Refusal):
             return proxy_value
         value = _one(fields, "Authorization")
-        if isinstance(value, Denied):
+        if isinstance(value, Refusal):
             return value
         if self.tokens is None:
             return None
         if proxy_mode:
             presented = _credential(proxy_value, allow_basic=True)
             if presented is None:
-                return Denied(407, "proxy credentials required (Proxy-Authorization: the token as the password of "
-                                   "proxy_url's user info, or Bearer)", _PROXY_CHALLENGE)
+                return Refusal(Reason.PROXY_AUTH_REQUIRED, "proxy credentials required (Proxy-Authorization: the token "
+                               "as the password of proxy_url's user info, or Bearer)", _PROXY_CHALLENGE)
             if not self.tokens.accepts(presented):
-                return Denied(407, "the proxy credentials were not accepted", _PROXY_CHALLENGE)
+                return Refusal(Reason.PROXY_AUTH_REQUIRED, "the proxy credentials were not accepted", _PROXY_CHALLENGE)
             return None
         presented = _credential(value, allow_basic=False)
         if presented is None:
-            return Denied(401, "credentials required (Authorization: Bearer <token>)", _BEARER_CHALLENGE)
+            return Refusal(Reason.AUTH_REQUIRED, "credentials required (Authorization: Bearer <token>)",
+                           _BEARER_CHALLENGE)
         if not self.tokens.accepts(presented):
-            return Denied(401, "the bearer token was not accepted", _BEARER_CHALLENGE)
+            return Refusal(Reason.AUTH_REQUIRED, "the bearer token was not accepted", _BEARER_CHALLENGE)
         return None
 
-    def check_bearer(self, fields: FieldValues) -> Denied | None:
+    def check_bearer(self, fields: FieldValues) -> Refusal | None:
         """For the ops port's inventory endpoints: always ``Authorization: Bearer``."""
         return self.check(fields, proxy_mode=False)
 
-    def check_browser(self, fields: FieldValues) -> Denied | None:
+    def check_browser(self, fields: FieldValues) -> Refusal | None:
         """For the status page: a browser asks for a user name and password (any user, the token as password);
         ``Authorization: Bearer`` works too."""
         value = _one(fields, "Authorization")
-        if isinstance(value, Denied):
+        if isinstance(value, Refusal):
             return value
         if self.tokens is None:
             return None
         presented = _credential(value, allow_basic=True)
         if presented is not None and self.tokens.accepts(presented):
             return None
-        return Denied(401, "credentials required (the front end's token as the password, any user name)",
-                      {"WWW-Authenticate": 'Basic realm="raven", charset="UTF-8"'})
+        return Refusal(Reason.AUTH_REQUIRED, "credentials required (the front end's token as the password, any user "
+                       "name)", {"WWW-Authenticate": 'Basic realm="raven", charset="UTF-8"'})

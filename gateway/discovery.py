@@ -17,11 +17,12 @@ from typing import Any
 from gateway.pools import Pools
 from gateway.registry import NodeEntry
 from raven.config.pools import REACHES
+from raven.errors import RavenError
 
 PARAMETERS = ("port", "pool", "reach")
 
 
-class BadQuery(ValueError):
+class BadQuery(RavenError, ValueError):
     """A /sd query the gateway will not answer (the message says why)."""
 
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.request import Refusal
 from raven.config import GatewayConfig
 from raven.config.pools import REACHES, Reach
+from raven.refusals import Reason, Refusal
 
 if TYPE_CHECKING:
     from gateway.registry import NodeEntry
@@ -162,8 +162,8 @@ class Pools:
             return
         pool, reach = where
         way = "over layer 3" if reach == "layer3" else "directly"
-        raise Refusal(421, f"node {node!r} of pool {pool!r} is reached {way} (reach: {reach}): scrape it without "
-                           "the proxy", "direct-pool")
+        raise Refusal(Reason.DIRECT_POOL, f"node {node!r} of pool {pool!r} is reached {way} (reach: {reach}): "
+                      "scrape it without the proxy", node=node, pool=pool)
 
     def direct_nodes(self, registered: Iterable[NodeEntry]) -> list[DirectNode]:
         """Every known node of a pool that is not reached through the tunnel, sorted by name."""

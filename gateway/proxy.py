@@ -5,14 +5,11 @@ that says which node and why (and the same line is logged). A failure after the 
 been sent cannot change the status any more: the client connection is closed so that
 the response is visibly broken (short body or missing final chunk), never complete.
 
-The parts: parsing and checking a request (pure: request -> target or refusal) in request.py; selection in
-registry.py; here, one request's life from opening a stream to its last byte (with the one retry), recorded in
-one :class:`Exchange` that is finished (metrics, the node's last scrape) in exactly one place; the CONNECT relay
-in tcprelay.py.
-
-Why this module is long and not split: it is one request's life, from the checks through the stream to the
-last byte, meant to be read top to bottom; parsing and checking already live in gateway/request.py and
-selection in gateway/registry.py.
+The parts: parsing a request (pure: request -> target or refusal) in request.py; admission (credentials,
+method, port, node, caps and fair shares: may it go, is there room) in admission.py; selection in registry.py;
+here, one admitted request's life from opening a stream to its last byte (with the one retry), recorded in one
+:class:`~gateway.admission.Exchange` that is finished (metrics, the node's last scrape) in exactly one place,
+and every refusal answered in one place; the CONNECT relay in tcprelay.py.
 """
 
 from __future__ import annotations
@@ -29,29 +26,21 @@ from dataclasses import dataclass
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.admission import Admission, Exchange
 from gateway.auth import FrontAuth
 from gateway.pools import Pools
-from gateway.registry import AgentSession, NodeEntry, Registry
-from gateway.request import (
-    RESET_STATUS,
-    STATUS_LABEL,
-    Refusal,
-    Target,
-    check_header_block,
-    client_key,
-    content_length,
-    filter_headers,
-    header_safe,
-    parse_target,
-)
+from gateway.registry import AgentSession, Registry
+from gateway.request import check_header_block, client_key, content_length, filter_headers, header_safe
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
+from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, COMPRESS_HEADER, DEADLINE_HEADER, FORWARDED, IDEMPOTENT
+from raven.refusals import Reason, Refusal, reset_reason
 from raven.transport.listener import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
 
@@ -60,35 +49,6 @@ log = logging.getLogger("raven.gateway.proxy")
 # A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
 _DROP = FORWARDED | {"host"}
 _DROP_WITH_AUTH = _DROP | {"authorization"}
-
-@dataclass(slots=True)
-class Exchange:
-    """One request's record: what it asked for, where it went, how it ended.
-
-    Filled in as the request goes; finished (counted, remembered, observed) once, by ``Proxy._finish`` in
-    ``Proxy.handle``'s ``finally``, whatever way the request ended.
-    """
-
-    request: web.BaseRequest
-    start: float
-    kind: str = "http"
-    node: str = "-"
-    pool: str = "-"
-    target: Target | None = None
-    entry: NodeEntry | None = None
-    deadline: float = 0.0
-    agent: str = ""
-    code: str = ""  # the outcome: a status ("200", "404"), "broken-502", "client-gone", "client-stalled", ...
-    reason: str = ""
-    last_scrape: bool = True  # the node's outcome (status page); not a refusal of the client's own making
-    observe: bool = False  # a complete answer (or a refusal): its duration goes into the latency histogram
-    sent: int = 0  # request body bytes to the edge
-    received: int = 0  # response body bytes from the edge
-
-    def via(self) -> str:
-        """``node 'x' (pool 'p') via agent a``: who the failure is about."""
-        return f"node {self.node!r} (pool {self.pool!r}) via agent {self.agent}"
-
 
 @dataclass(slots=True)
 class _BodyProgress:
@@ -108,11 +68,14 @@ class _RelayResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-class _ClientStalled(Exception):
+class _ClientStalled(RavenError):
     """The client read none of its response for write_stall_timeout."""
 
 
 class Proxy:
+    """One request's life after admission (gateway/admission.py): the stream, the one retry, the relay, the
+    outcome."""
+
     def __init__(
         self,
         cfg: GatewayFront,
@@ -127,54 +90,31 @@ class Proxy:
         self.registry = registry
         self.pools = pools
         self.metrics = metrics
-        self.configure(cfg)
-        self.node_streams: dict[str, int] = {}
-        self.client_streams: dict[tuple[str, str], int] = {}  # (client address, node) -> streams in flight
-        self.connect_tunnels: dict[str, int] = {}  # client address -> CONNECT tunnels open
-        self.connect_total = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.auth = auth or FrontAuth(None)
+        self.admission = Admission(cfg, registry, metrics, guard, settled, self.auth, pools)
+        self.cfg = cfg
         self.draining = draining
         self.guard = guard
-        self.settled = settled
         self.last: dict[str, NodeResult] = {}  # registered node -> its latest request's outcome (status page)
-        self.auth = auth or FrontAuth(None)
         self._log = RateLimitedLog(log)
+
+    @property
+    def idle(self) -> asyncio.Event:
+        """Set while no request is in flight."""
+        return self.admission.idle
+
+    def configure(self, cfg: GatewayFront) -> None:
+        """Take the front end's settings (at start, and on a configuration reload: for requests from now on)."""
+        self.cfg = cfg
+        self.admission.configure(cfg)
 
     # ------------------------------------------------------------ entry point
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         ex = Exchange(request, time.monotonic())
         try:
-            # Credentials first: nothing about nodes, ports or methods is revealed to a client without them.
-            proxy_mode = request.method == "CONNECT" or request.raw_path.startswith(("http://", "https://"))
-            denied = self.auth.check(lambda name: request.headers.getall(name, []), proxy_mode)
-            if denied is not None:
-                raise Refusal(denied.status, denied.reason, denied.label, denied.headers)
-            self._check_method(request)
-            target = ex.target = parse_target(request)
-            ex.kind = target.kind.name.lower()
-            ex.node = target.node
-            if target.port not in self.allowed_ports:
-                allowed = ", ".join(str(p) for p in sorted(self.allowed_ports))
-                raise Refusal(403, f"port {target.port} of node {target.node!r} is not allowed (allowed: {allowed})")
-            found = self.registry.lookup(target.node)
-            self._vouch(ex, found.entry)
-            if self.pools is not None:  # never proxy to a pool Prometheus reaches itself (gateway/pools.py)
-                self.pools.check_proxied(target.node, found.entry)
-            if found.entry is None:
-                if not self.settled():
-                    # A replica that just started does not know every node yet: "try again", not "no such node".
-                    raise Refusal(503, f"node {target.node!r} is not registered here yet: this gateway replica is "
-                                       "starting and its agents are still connecting", "not-settled",
-                                  {"Retry-After": "2"})
-                raise Refusal(404, found.reason)
-            ex.entry = found.entry
-            ex.pool = found.entry.pool
-            if found.reason:
-                raise Refusal(503, found.reason)
-            ex.deadline = ex.start + self._timeout(request)
-            if target.kind == wire.StreamKind.TCP:
+            self.admission.check(ex)
+            if ex.kind == "tcp":
                 return await self._connect(ex)
             return await self._http(ex)
         except Refusal as ref:
@@ -185,26 +125,6 @@ class Proxy:
             raise
         finally:
             self._finish(ex)
-
-    def _vouch(self, ex: Exchange, entry: NodeEntry | None) -> None:
-        """The request passed the credentials check: its connection is an authenticated one from now on, unless
-        it is beyond a connection cap; then it is refused here, where the node is known (status page, metric)."""
-        over = self.guard.vouch(ex.request)
-        if over is None:
-            return
-        label, why = over
-        ex.pool = entry.pool if entry is not None else "-"
-        self.metrics.connection_refusals.labels(ex.pool, label).inc()
-        raise Refusal(503, f"connection for node {ex.node!r} refused: {why}", f"connection-{label}",
-                      {"Retry-After": "5"})
-
-    def configure(self, cfg: GatewayFront) -> None:
-        """Take the front end's settings (at start, and on a configuration reload: for requests from now on)."""
-        self.cfg = cfg
-        self.allowed_ports = frozenset(cfg.allowed_ports)
-        self.allowed_methods = frozenset(cfg.allowed_methods)
-        self.allow_header = ", ".join([*cfg.allowed_methods, *(["CONNECT"] if cfg.allow_connect else [])])
-        self.client_cap = max(1, int(cfg.client_share * cfg.max_streams_per_node))
 
     def _finish(self, ex: Exchange) -> None:
         """The one place a request's outcome is counted: its metrics, and for a registered node its last scrape."""
@@ -223,74 +143,26 @@ class Proxy:
             for name in [n for n in self.last if n not in self.registry.nodes]:
                 del self.last[name]
 
-    def _check_method(self, request: web.BaseRequest) -> None:
-        method = request.method
-        if (self.cfg.allow_connect if method == "CONNECT" else method in self.allowed_methods):
-            return
-        raise Refusal(405, f"method {method[:20]} is not allowed here (allowed: {self.allow_header})", "method",
-                      {"Allow": self.allow_header})
-
-    def _timeout(self, request: web.BaseRequest) -> float:
-        timeout = self.cfg.request_timeout
-        asked = request.headers.get("X-Prometheus-Scrape-Timeout-Seconds")
-        if asked:
-            try:
-                value = float(asked)
-            except ValueError:
-                value = 0.0
-            if 0 < value < timeout:
-                timeout = value
-        return timeout
-
     def _refuse(self, ex: Exchange, ref: Refusal) -> web.Response:
         request = ex.request
-        label = ref.label or STATUS_LABEL.get(ref.status, str(ref.status))
+        label = ref.label
         # One line per client and reason a minute (with a count of the rest): a client cannot grow the log.
         self._log.warning(request.remote or "?", label, "%s %s from %s -> %d (node %s, pool %s): %s",
                           request.method[:20], path_for_log(request.raw_path), request.remote, ref.status, ex.node,
-                          ex.pool, ref.reason)
-        ex.code, ex.reason, ex.observe = str(ref.status), ref.reason, True
+                          ex.pool, ref.text)
+        ex.code, ex.reason, ex.observe = str(ref.status), ref.text, True
         ex.last_scrape = ref.status >= 500  # a refusal of the client's own making (4xx) says nothing about the node
         self.metrics.front_refused.labels(label).inc()
         response = web.Response(
             status=ref.status,
-            text=f"raven: {ref.reason}\n",
-            headers={**ref.headers, "X-Raven-Error": header_safe(ref.reason)},
+            text=f"raven: {ref.text}\n",
+            headers={**ref.headers, "X-Raven-Error": header_safe(ref.text)},
         )
         if not self.guard.proven(request):  # sent nothing but refused requests: it does not stay
             response.force_close()
         return response
 
     # ------------------------------------------------------------ opening a stream, with one retry
-
-    def _claim(self, node: str, client: str) -> None:
-        """Take one of the node's slots for ``client``: no client holds more than its share of a node."""
-        n = self.node_streams.get(node, 0)
-        if n >= self.cfg.max_streams_per_node:
-            raise Refusal(503, f"node {node!r} already has {n} requests in flight (limit)", "node-busy")
-        key = (client, node)
-        mine = self.client_streams.get(key, 0)
-        if mine >= self.client_cap:
-            raise Refusal(503, f"this client already has {mine} requests in flight to node {node!r} (limit "
-                               f"{self.client_cap} per client and node)", "client-share")
-        self.node_streams[node] = n + 1
-        self.client_streams[key] = mine + 1
-        self.idle.clear()
-
-    def _unclaim(self, node: str, client: str) -> None:
-        key = (client, node)
-        mine = self.client_streams.get(key, 1) - 1
-        if mine <= 0:
-            self.client_streams.pop(key, None)
-        else:
-            self.client_streams[key] = mine
-        n = self.node_streams.get(node, 1) - 1
-        if n <= 0:
-            self.node_streams.pop(node, None)
-            if not self.node_streams:
-                self.idle.set()
-        else:
-            self.node_streams[node] = n
 
     async def _open(self, ex: Exchange, open_frame: wire.Open, retryable: bool) -> tuple[Stream, wire.Head]:
         """Select an agent, open the stream, send the body, wait for the head; once more on another agent when
@@ -308,17 +180,17 @@ class Proxy:
                 reason = f"pool {entry.pool!r} has no usable agent for node {target.node!r}"
                 if entry.sessions:
                     reason += " (all draining or closed)"
-                raise Refusal(503, reason)
+                raise Refusal(Reason.UNAVAILABLE, reason)
             tried.append(chosen)
             ex.agent = chosen.agent
             try:
                 stream = chosen.session.open_stream(open_frame)
             except StreamReset as exc:
-                last = Refusal(503, f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: "
-                                    f"{exc.reason}")
+                last = Refusal(Reason.UNAVAILABLE, f"node {target.node!r} (pool {entry.pool!r}) via agent "
+                                                   f"{chosen.agent}: {exc.reason}")
                 continue
             except (ValueError, wire.ProtocolError) as exc:
-                raise Refusal(400, f"request cannot be carried: {exc}") from None
+                raise Refusal(Reason.BAD_REQUEST, f"request cannot be carried: {exc}") from None
             self.metrics.streams.inc()
             progress = _BodyProgress()
             try:
@@ -334,19 +206,18 @@ class Proxy:
             except TimeoutError:
                 if progress.waiting_for_client:
                     stream.reset(wire.ResetCode.CANCEL, "the client stopped sending its request body")
-                    raise Refusal(408, f"the client sent {progress.sent} bytes of its request body for node "
-                                       f"{target.node!r} and did not finish it in time", "body-timeout") from None
+                    raise Refusal(Reason.BODY_TIMEOUT, f"the client sent {progress.sent} bytes of its request body for "
+                                  f"node {target.node!r} and did not finish it in time") from None
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
                 raise Refusal(
-                    504,
+                    Reason.TIMEOUT,
                     f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no response head "
-                    f"within {self._timeout(request):.1f}s",
+                    f"within {self.admission.timeout(request):.1f}s",
                 ) from None
             except StreamReset as exc:
                 stream.close()
-                status = RESET_STATUS.get(exc.code, 502)
                 last = Refusal(
-                    status,
+                    reset_reason(exc.code),
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
                 if attempt == 1 and retryable and self.registry.has_alternative(entry, tried):
@@ -400,7 +271,7 @@ class Proxy:
         open_frame = wire.Open(
             0, wire.StreamKind.HTTP, target.node, target.port, request.method, target.path, headers, not has_body
         )
-        self._claim(target.node, client)
+        self.admission.claim(target.node, client)
         try:
             stream, head = await self._open(ex, open_frame, request.method in IDEMPOTENT and not has_body)
             try:
@@ -408,14 +279,14 @@ class Proxy:
             finally:
                 stream.close()
         finally:
-            self._unclaim(target.node, client)
+            self.admission.unclaim(target.node, client)
 
     async def _relay_response(self, ex: Exchange, stream: Stream, head: wire.Head) -> web.StreamResponse:
         request, target = ex.request, ex.target
         assert target is not None
         if not 200 <= head.status <= 599:  # agents refuse interim and odd statuses; one that sends them is broken
             stream.reset(wire.ResetCode.PROTOCOL, f"status {head.status} is not a final HTTP status")
-            raise Refusal(502, f"{ex.via()}: the agent sent status {head.status}, not a final HTTP status")
+            raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the agent sent status {head.status}, not a final HTTP status")
         resp = _RelayResponse(status=head.status, reason=head.reason or None)
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
         length = content_length(out_headers.get("Content-Length"))
@@ -436,12 +307,12 @@ class Proxy:
                     first = await stream.read()
             except TimeoutError:
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
-                raise Refusal(504, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent no "
-                                   f"response body within {self._timeout(request):.1f}s") from None
+                raise Refusal(Reason.TIMEOUT, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent "
+                                   f"no response body within {self.admission.timeout(request):.1f}s") from None
             except StreamReset as exc:
-                raise Refusal(RESET_STATUS.get(exc.code, 502), f"{ex.via()}: {exc.reason}") from None
+                raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
-                raise Refusal(502, f"{ex.via()}: the body ended after 0 of {length} bytes")
+                raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the body ended after 0 of {length} bytes")
         if self.draining():
             resp.force_close()  # "Connection: close": a draining replica sends keep-alive clients elsewhere
         await resp.prepare(request)
@@ -481,7 +352,7 @@ class Proxy:
                               request.remote, target.node, self.cfg.write_stall_timeout, received)
             self._abort(request)
             ex.code, ex.reason = "client-stalled", "the client stopped reading"
-            self.metrics.front_refused.labels("write-stall").inc()
+            self.metrics.front_refused.labels(Reason.WRITE_STALL.label).inc()
             return resp
         try:
             await resp.write_eof()
@@ -525,23 +396,19 @@ class Proxy:
         request, target = ex.request, ex.target
         assert target is not None
         client = request.remote or "?"
-        if self.connect_total >= self.cfg.max_connect_tunnels:
-            raise Refusal(503, f"{self.connect_total} CONNECT tunnels are open (limit {self.cfg.max_connect_tunnels})",
-                          "connect-cap")
-        mine = self.connect_tunnels.get(client, 0)
-        if mine >= self.cfg.max_connect_per_client:
-            raise Refusal(503, f"this client has {mine} CONNECT tunnels open (limit {self.cfg.max_connect_per_client})",
-                          "connect-client-cap")
         open_frame = wire.Open(0, wire.StreamKind.TCP, target.node, target.port,
                                headers=((CLIENT_HEADER, client_key(client)),))
-        self._claim(target.node, client)
-        self.connect_tunnels[client] = mine + 1
-        self.connect_total += 1
+        self.admission.open_tunnel(client)
+        try:
+            self.admission.claim(target.node, client)
+        except Refusal:
+            self.admission.close_tunnel(client)
+            raise
         try:
             stream, head = await self._open(ex, open_frame, True)
             try:
                 if head.status != 200:
-                    raise Refusal(502, f"agent {ex.agent} could not open {target.node}:{target.port}")
+                    raise Refusal(Reason.UPSTREAM, f"agent {ex.agent} could not open {target.node}:{target.port}")
                 transport = request.transport
                 if transport is None:
                     ex.code, ex.reason = "client-gone", "the client left before the tunnel opened"
@@ -559,12 +426,5 @@ class Proxy:
             finally:
                 stream.close()
         finally:
-            self._unclaim(target.node, client)
-            self.connect_total -= 1
-            left = self.connect_tunnels.get(client, 1) - 1
-            if left > 0:
-                self.connect_tunnels[client] = left
-            else:
-                self.connect_tunnels.pop(client, None)
-
-
+            self.admission.unclaim(target.node, client)
+            self.admission.close_tunnel(client)

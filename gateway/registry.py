@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from raven.dns.names import NameRule
 from raven.lograte import RateLimitedLog
 from raven.protocol import wire
+from raven.refusals import Reason, Refusal
 from raven.transport.session import Session
 
 log = logging.getLogger("raven.gateway.registry")
@@ -68,34 +69,27 @@ class NodeEntry:
 
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
-# The label of raven_gateway_registration_refusals_total{reason} for each kind of refusal: a fixed word, found
-# by a phrase of the reason (the reason itself carries names a peer chose).
-REFUSAL_LABELS = (
-    ("listed twice", "duplicate"),
-    ("max_nodes_per_agent", "agent-node-cap"),
-    ("max_nodes_total", "node-cap"),
-    ("hosts file would exceed", "hosts-budget"),
-    ("not a valid RFC 1123", "invalid-name"),
-    ("address is not", "invalid-address"),
-    ("names under the cluster domain", "reserved-suffix"),
-    ("reserved name", "reserved-name"),
-    ("reads as an IP address", "reads-as-address"),
-    ("not in this agent's certificate", "pool-not-allowed"),
-    ("no edge Node object", "no-node-object"),
-    ("the Node object puts it", "node-object-pool"),
-    ("dotted names", "dotted-name"),
-    ("already registered by pool", "claimed-by-other-pool"),
-    ("is bound to pool", "bound-to-other-pool"),
-)
+
+
+class RefusalText(str):
+    """A refused claim as the agent is told it (the text of the REGISTERED frame), with its :class:`Refusal`:
+    the metric's label comes from ``refusal.reason``, never from the words."""
+
+    refusal: Refusal
+
+    def __new__(cls, refusal: Refusal) -> RefusalText:
+        text = super().__new__(cls, refusal.text)
+        text.refusal = refusal
+        return text
 
 
 def refusal_label(reason: str) -> str:
-    return next((label for phrase, label in REFUSAL_LABELS if phrase in reason), "other")
+    """The label of raven_gateway_registration_refusals_total{reason} for a refused claim :meth:`Registry.register`
+    returned (``other`` for text that did not come from it)."""
+    return reason.refusal.label if isinstance(reason, RefusalText) else "other"
 
 
-
-
-Reevaluation = tuple[AgentSession, list[str], list[tuple[str, str]]]
+Reevaluation = tuple[AgentSession, list[str], list[tuple[str, RefusalText]]]
 
 
 class Lookup:
@@ -202,10 +196,11 @@ class Registry:
 
     def register(
         self, s: AgentSession, nodes: Iterable[wire.NodeInfo]
-    ) -> tuple[list[str], list[tuple[str, str]]]:
-        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, reason), ...])."""
+    ) -> tuple[list[str], list[tuple[str, RefusalText]]]:
+        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, why), ...]): ``why`` is the text the
+        agent is told, carrying its :class:`Refusal` (``why.refusal.reason``)."""
         accepted: list[str] = []
-        refused: list[tuple[str, str]] = []
+        refused: list[tuple[str, RefusalText]] = []
         wanted: dict[str, wire.NodeInfo] = {}
         shared: dict[int, wire.NodeInfo] = {}  # id of a registered NodeInfo -> the equal one already held
         s.last_register = tuple(nodes)
@@ -214,28 +209,30 @@ class Registry:
         new_names = 0  # names this registration adds to the registry (for the total cap and hosts budget)
         new_bytes = 0
         for info in s.last_register:
-            reason = self._refusal(s, info)
-            if reason is None and info.name in wanted:
-                reason = "listed twice in one registration"
-            if reason is None and info.name not in held and len(wanted) + len(held) >= self.max_nodes_per_agent:
-                reason = f"agent {s.agent} may register at most {self.max_nodes_per_agent} nodes (max_nodes_per_agent)"
-            if reason is None and info.name not in self.nodes:
+            refusal = self._refusal(s, info)
+            if refusal is None and info.name in wanted:
+                refusal = Refusal(Reason.DUPLICATE, "listed twice in one registration")
+            if refusal is None and info.name not in held and len(wanted) + len(held) >= self.max_nodes_per_agent:
+                refusal = Refusal(Reason.AGENT_NODE_CAP, f"agent {s.agent} may register at most "
+                                  f"{self.max_nodes_per_agent} nodes (max_nodes_per_agent)")
+            if refusal is None and info.name not in self.nodes:
                 if len(self.nodes) + new_names >= self.max_nodes_total:
-                    reason = f"this gateway holds {self.max_nodes_total} nodes already (max_nodes_total)"
+                    refusal = Refusal(Reason.NODE_CAP, f"this gateway holds {self.max_nodes_total} nodes already "
+                                      "(max_nodes_total)")
                 elif self.hosts_budget is not None:
                     cost = self.hosts_cost(info.name)
                     if self.hosts_bytes + new_bytes + cost > self.hosts_budget:
-                        reason = (f"the hosts file would exceed {self.hosts_budget} bytes, the most its ConfigMap "
-                                  "can hold")
+                        refusal = Refusal(Reason.HOSTS_BUDGET, f"the hosts file would exceed {self.hosts_budget} "
+                                          "bytes, the most its ConfigMap can hold")
                     else:
                         new_bytes += cost
-                if reason is None:
+                if refusal is None:
                     new_names += 1
-            if reason is not None:
-                refused.append((info.name, reason))
+            if refusal is not None:
+                refused.append((info.name, RefusalText(refusal)))
                 # One line per agent a minute, with a count of the rest: churn cannot grow the log.
                 self._log.warning(s.agent, "refused", "refused registration of node %r (pool %r) from agent %s: %s",
-                                  info.name[:253], info.pool[:63], s.agent, reason)
+                                  info.name[:253], info.pool[:63], s.agent, refusal.text)
                 continue
             wanted[info.name] = info
         for name in list(s.nodes):
@@ -297,37 +294,43 @@ class Registry:
         self._changed()
         return accepted, refused
 
-    def _refusal(self, s: AgentSession, info: wire.NodeInfo) -> str | None:
+    def _refusal(self, s: AgentSession, info: wire.NodeInfo) -> Refusal | None:
         refused = self.names.refusal(info.name)  # names that belong to the cluster never reach its DNS
         if refused is not None:
-            return refused.reason
+            return refused
         if not _ADDRESS.fullmatch(info.address):
             # Informational for the gateway, but stored and shown (/nodes): bounded like the agent's own config.
-            return "address is not an IP address or host name (at most 253 characters)"
+            return Refusal(Reason.INVALID_ADDRESS, "address is not an IP address or host name (at most 253 "
+                           "characters)")
         if info.pool not in s.pools:
             allowed = ", ".join(sorted(s.pools)) or "none"
-            return f"pool {info.pool[:63]!r} is not in this agent's certificate (allowed: {allowed})"
+            return Refusal(Reason.POOL_NOT_ALLOWED, f"pool {info.pool[:63]!r} is not in this agent's certificate "
+                           f"(allowed: {allowed})")
         if self.authority is not None:
             if info.name not in self.authority:
-                return "no edge Node object of that name (Kubernetes is the source of truth)"
+                return Refusal(Reason.NO_NODE_OBJECT, "no edge Node object of that name (Kubernetes is the source "
+                               "of truth)")
             node_pool = self.authority[info.name]
             if node_pool != info.pool:
-                return f"the Node object puts it in pool {node_pool!r}, not {info.pool[:63]!r}"
+                return Refusal(Reason.NODE_OBJECT_POOL, f"the Node object puts it in pool {node_pool!r}, not "
+                               f"{info.pool[:63]!r}", pool=node_pool or "")
             return None  # the Node object overrides earlier claims and bindings
         if "." in info.name and not info.name.endswith(self.name_suffixes or ("\0",)):
             allowed = ", ".join(self.name_suffixes) or "none configured"
-            return (f"dotted names can only be claimed when they are Node objects or end in an allowed suffix "
-                    f"(allowed_name_suffixes: {allowed})")
+            return Refusal(Reason.DOTTED_NAME, f"dotted names can only be claimed when they are Node objects or end "
+                           f"in an allowed suffix (allowed_name_suffixes: {allowed})")
         entry = self.nodes.get(info.name)
         if entry is not None and entry.pool != info.pool:
             if entry.sessions:
                 holders = ", ".join(sorted({x.agent for x in entry.sessions}))
-                return f"node already registered by pool {entry.pool!r} (agents: {holders})"
+                return Refusal(Reason.CLAIMED_BY_OTHER_POOL, f"node already registered by pool {entry.pool!r} "
+                               f"(agents: {holders})", pool=entry.pool)
             released = time.monotonic() - (entry.released_at or 0.0)
             if released < self.rebind_after:
-                return (
+                return Refusal(
+                    Reason.BOUND_TO_OTHER_POOL,
                     f"node is bound to pool {entry.pool!r} (its agents left {released:.0f}s ago; another pool may "
-                    f"claim it after {self.rebind_after:.0f}s)"
+                    f"claim it after {self.rebind_after:.0f}s)", pool=entry.pool,
                 )
         return None
 

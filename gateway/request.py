@@ -1,8 +1,8 @@
 """A front-end request, parsed and checked without I/O: which node and port it is for, or why it is refused.
 
 Pure functions of the request line and headers (node from the CONNECT authority, the absolute URI or the
-Host header; strict ports and names; header blocks that fit the wire), and the :class:`Refusal` that carries a
-status and a reason a user can act on.
+Host header; strict ports and names; header blocks that fit the wire), or a :class:`~raven.refusals.Refusal`
+whose reason code fixes the status and the metric label, and whose text a user can act on.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.headers import HOP_BY_HOP, RAVEN_PREFIX
+from raven.refusals import Reason, Refusal
+
+__all__ = ["Refusal", "Target", "check_header_block", "client_key", "content_length", "filter_headers",
+           "header_safe", "parse_target"]
 
 # A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
 REQUEST_HOP_BY_HOP = HOP_BY_HOP | {"expect"}
@@ -30,11 +33,11 @@ def header_safe(text: str) -> str:
 
 
 def content_length(value: str | None) -> int | None:
-    """Strict: one run of ASCII digits, or None when absent. Raises Refusal(502) when malformed."""
+    """Strict: one run of ASCII digits, or None when absent. Raises a :class:`Refusal` (502) when malformed."""
     if value is None:
         return None
     if not (value.isascii() and value.isdigit()) or len(value) > 18:
-        raise Refusal(502, f"the agent sent an invalid Content-Length {value[:40]!r}")
+        raise Refusal(Reason.UPSTREAM, f"the agent sent an invalid Content-Length {value[:40]!r}")
     return int(value)
 
 
@@ -45,26 +48,11 @@ def check_header_block(headers: wire.Headers, limits: wire.Limits) -> None:
         try:
             size += 4 + len(name.encode("latin-1")) + len(value.encode("latin-1"))
         except UnicodeEncodeError:
-            raise Refusal(400, f"header {name[:60]!r} has characters outside ISO-8859-1") from None
+            raise Refusal(Reason.BAD_REQUEST, f"header {name[:60]!r} has characters outside ISO-8859-1") from None
     if len(headers) > limits.max_headers:
-        raise Refusal(431, f"{len(headers)} request headers, limit {limits.max_headers}")
+        raise Refusal(Reason.HEADERS_TOO_LARGE, f"{len(headers)} request headers, limit {limits.max_headers}")
     if size > limits.max_header_bytes:
-        raise Refusal(431, f"request headers take {size} bytes, limit {limits.max_header_bytes}")
-
-
-class Refusal(RavenError):
-    """An answer decided before any header was sent.
-
-    ``label`` names the reason in ``raven_gateway_front_refused_total{reason}`` (a fixed word, never
-    request text); ``headers`` go out with the answer (``Allow``, ``Retry-After``, ``WWW-Authenticate``).
-    """
-
-    def __init__(self, status: int, reason: str, label: str = "", headers: dict[str, str] | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.label = label
-        self.headers = headers or {}
+        raise Refusal(Reason.HEADERS_TOO_LARGE, f"request headers take {size} bytes, limit {limits.max_header_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +84,15 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
         host, port_text = authority, ""
     if not port_text:
         if default_port is None:
-            raise Refusal(400, f"{authority!r} has no port")
+            raise Refusal(Reason.BAD_REQUEST, f"{authority!r} has no port")
         port = default_port
     elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536:
         port = int(port_text)
     else:
-        raise Refusal(400, f"bad port in {authority!r}")
+        raise Refusal(Reason.BAD_REQUEST, f"bad port in {authority!r}")
     node = host.lower().removesuffix(".")  # one trailing dot: the absolute form of the same name
     if not wire.valid_node_name(node):
-        raise Refusal(400, f"{host!r} is not a valid node name")
+        raise Refusal(Reason.BAD_REQUEST, f"{host!r} is not a valid node name")
     return node, port
 
 
@@ -117,7 +105,7 @@ def parse_target(request: web.BaseRequest) -> Target:
     if raw.startswith(("http://", "https://")):
         parts = urlsplit(raw)
         if parts.scheme != "http":
-            raise Refusal(400, "https:// targets must be reached with CONNECT")
+            raise Refusal(Reason.BAD_REQUEST, "https:// targets must be reached with CONNECT")
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
@@ -125,9 +113,9 @@ def parse_target(request: web.BaseRequest) -> Target:
         return Target(node, port, path, wire.StreamKind.HTTP)
     host = request.headers.get("Host")
     if not host:
-        raise Refusal(400, "request has no Host header: cannot tell which node it is for")
+        raise Refusal(Reason.BAD_REQUEST, "request has no Host header: cannot tell which node it is for")
     if not raw.startswith("/"):
-        raise Refusal(400, f"unsupported request target {raw[:60]!r}")
+        raise Refusal(Reason.BAD_REQUEST, f"unsupported request target {raw[:60]!r}")
     node, port = _split_authority(host, 80)
     return Target(node, port, raw, wire.StreamKind.HTTP)
 
@@ -135,26 +123,3 @@ def parse_target(request: web.BaseRequest) -> Target:
 def client_key(address: str) -> str:
     """The fairness key sent to the agent: stable for one client address across replicas, not the address."""
     return hashlib.blake2b(address.encode(), digest_size=8).hexdigest()
-
-
-# The reason label of raven_gateway_front_refused_total for refusals raised without one.
-STATUS_LABEL: dict[int, str] = {
-    400: "bad-request", 403: "port", 404: "unknown-node", 405: "method", 408: "body-timeout",
-    431: "headers-too-large", 502: "upstream", 503: "unavailable", 504: "timeout",
-}
-
-# Status for a stream reset that arrives before anything reached the client
-# (before HEAD, or before the first body bytes).
-RESET_STATUS: dict[int, int] = {
-    wire.ResetCode.CONNECT_FAILED: 502,
-    wire.ResetCode.REFUSED: 502,
-    wire.ResetCode.UPSTREAM_BROKEN: 502,
-    wire.ResetCode.PROTOCOL: 502,
-    wire.ResetCode.INTERNAL: 502,
-    wire.ResetCode.FLOW_CONTROL: 502,
-    wire.ResetCode.TIMEOUT: 504,
-    wire.ResetCode.DRAINING: 503,
-    wire.ResetCode.LIMIT: 503,
-    wire.ResetCode.SESSION_CLOSED: 502,
-    wire.ResetCode.CANCEL: 502,
-}

@@ -1,9 +1,7 @@
 """`raven gateway`: the tunnel endpoint, the proxy front end and the ops listener in one process.
 
-Size: the wiring of every part of the gateway (listeners, ops endpoints, reload, Kubernetes, drain).
-
-Why this module is long and not split: it only wires the parts (each lives in its own module); the
-wiring is read top to bottom, start to drain, and splitting it would scatter one start-up order.
+Size: the wiring of every part of the gateway (listeners, reload, Kubernetes, drain), read top to bottom, start
+to drain; each part lives in its own module (the ops endpoints in gateway/opsapi.py).
 """
 
 from __future__ import annotations
@@ -19,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway import discovery
 from gateway.auth import FrontAuth, TokenSet
 from gateway.layer3 import GatewayLayer3
+from gateway.opsapi import OpsApi
 from gateway.pools import Pools
 from gateway.proxy import Proxy
 from gateway.registry import Registry
-from gateway.status import render_html, snapshot
 from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
 from raven.config import GatewayConfig, split_host_port
@@ -128,6 +125,7 @@ class Gateway:
         self.front_reloader = CertReloader(front.tls, server=True) if front.tls is not None else None
         self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
                            settled=self.settled, auth=self.auth, pools=self.pools)
+        self.ops_api = OpsApi(self)
         self._runners: list[web.BaseRunner] = []
         self._front_sites: list[GuardedSite] = []
         self._background: list[asyncio.Task[None]] = []
@@ -326,57 +324,6 @@ class Gateway:
 
         return publish
 
-    def _authorize_ops(self, request: web.Request) -> web.Response | None:
-        """The inventory endpoints need the front end's bearer token (Prometheus: http_sd_configs.authorization);
-        the status page also takes it as a browser's password."""
-        if request.path == "/status.html":
-            denied = self.auth.check_browser(lambda name: request.headers.getall(name, []))
-        else:
-            denied = self.auth.check_bearer(lambda name: request.headers.getall(name, []))
-        if denied is None:
-            return None
-        self.metrics.front_refused.labels(denied.label).inc()
-        return web.Response(status=denied.status, text=f"raven: {denied.reason}\n", headers=denied.headers)
-
-    def status_snapshot(self) -> dict[str, Any]:
-        snap = snapshot(
-            replica=self.cfg.replica_id, replicas=self.cfg.replicas, started=self.started_wall, ready=self.ready(),
-            draining=self.tunnel.draining, registry=self.registry, last=self.proxy.last, pools=self.pools,
-        )
-        snap["layer3"] = self.layer3.status() if self.layer3 is not None else None
-        return snap
-
-    async def status(self, _: web.Request) -> web.Response:
-        return web.json_response(self.status_snapshot())
-
-    async def status_page(self, _: web.Request) -> web.Response:
-        return web.Response(text=render_html(self.status_snapshot()), content_type="text/html")
-
-    async def hosts_file(self, _: web.Request) -> web.Response:
-        return web.Response(text=self.hosts.current(), content_type="text/plain")
-
-    async def nodes(self, _: web.Request) -> web.Response:
-        return web.json_response({
-            "replica": self.cfg.replica_id,
-            "service_addresses": self.cfg.hosts.service_addresses,
-            "nodes": [
-                {"name": e.name, "pool": e.pool, "address": e.address, "reach": self.pools.reach(e.pool),
-                 "agents": sorted({s.agent for s in e.sessions})}
-                for e in self.registry.known_nodes()
-            ],
-        })
-
-    async def http_sd(self, request: web.Request) -> web.Response:
-        """Every pool's targets in Prometheus's http_sd_configs format, with how each is reached
-        (gateway/discovery.py). ``?port=``, ``?pool=`` and ``?reach=`` (each repeatable) narrow the list."""
-        try:
-            ports, pools, reaches = discovery.parse_query(request.query, request.query.getall,
-                                                          self.cfg.front.allowed_ports)
-        except discovery.BadQuery as exc:
-            return web.Response(status=400, text=f"{exc}\n")
-        return web.json_response(discovery.groups(self.registry.bound_nodes(), self.registry.known_nodes(),
-                                                  self.pools, ports, pools, reaches))
-
     async def start(self) -> None:
         gcpause.install()
         gcpause.settle_soon()
@@ -424,9 +371,8 @@ class Gateway:
         self._runners.append(
             await start_ops_server(
                 self.cfg.metrics_listen, self.metrics.registry, self.ready,
-                [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes), ("/status", self.status),
-                 ("/status.html", self.status_page)],
-                authorize=self._authorize_ops,  # open while no tokens are configured (a reload may add them)
+                self.ops_api.routes(),
+                authorize=self.ops_api.authorize,  # open while no tokens are configured (a reload may add them)
             )
         )
         self.reloader.start()
@@ -476,14 +422,14 @@ class Gateway:
         closed += self.front_guard.drain()
         log.info("draining: front end takes no new connection (%d idle keep-alive connection(s) closed, %d still "
                  "open, %d request(s) in flight)", closed, self.front_guard.connections,
-                 sum(self.proxy.node_streams.values()))
+                 self.proxy.admission.node_streams.total)
         try:
             async with asyncio.timeout(self.cfg.drain_grace):
                 await self.front_guard.wait_empty()
                 await self.proxy.idle.wait()
         except TimeoutError:
             log.warning("drain grace over with %d front connection(s) and %d request(s) still in flight",
-                        self.front_guard.connections, sum(self.proxy.node_streams.values()))
+                        self.front_guard.connections, self.proxy.admission.node_streams.total)
         self._stopped.set()
 
     async def stop(self) -> None:

@@ -11,7 +11,7 @@ Three ways, named by ``reach``:
   refuses it like a direct pool.
 
 A pool's reach comes from, in this order: its entry in ``pools:``, its Nodes' labels in Kubernetes
-(gateway/pools.py), ``pool_defaults.reach``. Kept apart from raven/config/__init__.py, which is long already.
+(gateway/pools.py), ``pool_defaults.reach``. The gateway's configuration (raven/config/gateway.py) uses it.
 """
 
 from __future__ import annotations

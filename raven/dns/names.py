@@ -12,17 +12,17 @@ name meant before. An agent (or a Node object) may therefore only publish a name
 - does not read as an IP address to a resolver or a C library: a name whose last label is all digits
   (``2130706433``, ``10.0.0.1``) or that ``inet_aton`` takes for an address (``0x7f000001``).
 
-:class:`NameRule` answers with a :class:`NameRefusal` (a fixed label for metrics and a reason for people), or
-None for a name that may be published. Pure: no I/O.
+:class:`NameRule` answers with a :class:`~raven.refusals.Refusal` (a reason code, whose label the registry's
+metric takes, and a text for people), or None for a name that may be published. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from raven.protocol.wire import valid_node_name
+from raven.refusals import Reason, Refusal
 
 # Names that belong to the host, the cluster, cloud metadata services, the monitoring stack and Raven itself.
 DEFAULT_DENIED_NAMES: tuple[str, ...] = (
@@ -34,12 +34,6 @@ DEFAULT_DENIED_NAMES: tuple[str, ...] = (
 )
 DEFAULT_DENIED_SUFFIXES: tuple[str, ...] = (".svc", ".local", ".localhost", ".internal.cluster")
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
-
-
-@dataclass(frozen=True, slots=True)
-class NameRefusal:
-    label: str  # a fixed word: "invalid-name", "reserved-name", "reserved-suffix", "reads-as-address"
-    reason: str
 
 
 def reads_as_address(name: str) -> bool:
@@ -70,19 +64,19 @@ class NameRule:
             self.denied_names |= {domain}
         self.denied_suffixes = tuple(sorted(suffixes))
 
-    def refusal(self, name: str) -> NameRefusal | None:
+    def refusal(self, name: str) -> Refusal | None:
         if not valid_node_name(name):
-            return NameRefusal("invalid-name", "not a valid RFC 1123 node name (lower case letters, digits, '-' and "
-                                               "'.', labels of 1-63 characters, at most 253 in all)")
+            return Refusal(Reason.INVALID_NAME, "not a valid RFC 1123 node name (lower case letters, digits, '-' "
+                           "and '.', labels of 1-63 characters, at most 253 in all)", node=name[:253])
         if name in self.denied_names:
-            return NameRefusal("reserved-name", "reserved name: it belongs to the cluster or the host "
-                                                "(names.denied_names), so it is never published")
+            return Refusal(Reason.RESERVED_NAME, "reserved name: it belongs to the cluster or the host "
+                           "(names.denied_names), so it is never published", node=name)
         if name.endswith(self.denied_suffixes):
-            return NameRefusal("reserved-suffix", "reserved name: names under the cluster domain or a local suffix "
-                                                  "(names.denied_suffixes, names.cluster_domain) are never published")
+            return Refusal(Reason.RESERVED_SUFFIX, "reserved name: names under the cluster domain or a local "
+                           "suffix (names.denied_suffixes, names.cluster_domain) are never published", node=name)
         if reads_as_address(name):
-            return NameRefusal("reads-as-address", "the name reads as an IP address to many resolvers (all-digit "
-                                                   "last label, or a hex/octal address form)")
+            return Refusal(Reason.READS_AS_ADDRESS, "the name reads as an IP address to many resolvers (all-digit "
+                           "last label, or a hex/octal address form)", node=name)
         return None
 
     def allows(self, name: str) -> bool:

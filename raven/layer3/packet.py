@@ -14,6 +14,8 @@ from __future__ import annotations
 import ipaddress
 import struct
 
+from raven.errors import RavenError
+
 IPV4 = 4
 IPV6 = 6
 IPV4_HEADER = 20  # without options
@@ -23,7 +25,7 @@ _V4 = struct.Struct("!BxHxxxxxxxxII")  # version/IHL, total length, source, dest
 _V6_PAYLOAD_LENGTH = struct.Struct("!H")
 
 
-class PacketError(ValueError):
+class PacketError(RavenError, ValueError):
     """The bytes are not an IP packet this code accepts; the message says why (for debug logs only)."""
 
 

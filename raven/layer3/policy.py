@@ -29,6 +29,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from raven.errors import RavenError
 from raven.layer3.packet import IPV4, IPV6, PacketError, addresses
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -50,7 +51,7 @@ class Drop(enum.StrEnum):
     MALFORMED = "malformed"
 
 
-class PolicyError(ValueError):
+class PolicyError(RavenError, ValueError):
     """The policy cannot be built from these CIDRs (e.g. two pools claim overlapping ranges)."""
 
 

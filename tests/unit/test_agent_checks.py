@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.checks import Policy, Refused, check_open
+from agent.checks import Policy, check_open
 from raven.protocol import wire
 from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER
+from raven.refusals import Refusal
 
 POLICY = Policy(frozenset({9400}), frozenset({"GET", "HEAD"}), allow_connect=False, default_timeout=10.0)
 ADDRESS = "10.1.0.7"
@@ -16,8 +17,8 @@ def http(target: str = "/metrics", method: str = "GET", port: int = 9400, header
     return wire.Open(1, wire.StreamKind.HTTP, "edge-gpu-7", port, method, target, headers, True)
 
 
-def refused(frame: wire.Open, address: str | None = ADDRESS, policy: Policy = POLICY) -> Refused:
-    with pytest.raises(Refused) as info:
+def refused(frame: wire.Open, address: str | None = ADDRESS, policy: Policy = POLICY) -> Refusal:
+    with pytest.raises(Refusal) as info:
         check_open(frame, address, policy)
     return info.value
 
@@ -53,8 +54,8 @@ def test_ipv6_inventory_address() -> None:
 )
 def test_what_a_gateway_cannot_make_the_agent_do(frame: wire.Open, address: str | None, label: str) -> None:
     err = refused(frame, address)
-    assert err.label == label and err.reason
-    assert err.code == wire.ResetCode.REFUSED
+    assert err.label == label and err.text
+    assert err.reset_code == wire.ResetCode.REFUSED
 
 
 def test_connect_only_where_enabled_and_only_to_the_inventory_address() -> None:

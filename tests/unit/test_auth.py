@@ -81,7 +81,7 @@ def test_a_credential_field_sent_twice_is_refused(auth: FrontAuth, name: str, or
     for proxy_mode in (False, True):
         denied = auth.check(fields(**{name.replace("-", "_"): values}), proxy_mode=proxy_mode)
         assert denied is not None and denied.status == 400 and denied.label == "duplicate-field"
-        assert name in denied.reason
+        assert name in denied.text
     denied = FrontAuth(None).check(fields(**{name.replace("-", "_"): values}), proxy_mode=False)
     assert denied is not None and denied.status == 400  # ambiguous even when no token is required
 

@@ -74,7 +74,7 @@ def test_direct_nodes_and_the_proxy_refusal(tmp_path: Path) -> None:
     assert pools.sd_address(direct["c1"]) == "10.1.0.1" and pools.sd_address(direct["c2"]) == "c2"
     with pytest.raises(Refusal) as refused:
         pools.check_proxied("k1", None)
-    assert refused.value.status == 421 and "reach: direct" in refused.value.reason
+    assert refused.value.status == 421 and "reach: direct" in refused.value.text
     pools.check_proxied("e1", registered[1])  # a tunnel pool's node: no refusal
     pools.check_proxied("unknown", None)
     assert pools.hosts_entries(registered) == {}  # hosts.direct: omit

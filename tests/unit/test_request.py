@@ -64,7 +64,7 @@ def test_connect_mode() -> None:
 )
 def test_requests_without_a_usable_node_or_port_are_400(method: str, path: str, host: str | None) -> None:
     err = refusal(method, path, host)
-    assert err.status == 400 and err.reason
+    assert err.status == 400 and err.text
 
 
 def test_content_length_is_strict() -> None:
