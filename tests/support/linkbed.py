@@ -60,6 +60,8 @@ class LinkBed(Testbed):
         for path in [self.workdir / "gateway.yaml", *agents]:
             tree = yaml.safe_load(path.read_text())
             tree.pop("limits", None)
+            # This bed has no on-cloud node: only the tunnel sites whose uplinks it shapes.
+            tree.pop("pools", None)
             if "gateway" in tree:
                 for key in ("backoff_initial", "backoff_max"):
                     tree["gateway"].pop(key, None)

@@ -169,24 +169,29 @@ class Testbed:
             return [{"url": f"http://{ops}:10265/sd?port={port}", "refresh_interval": "1s",
                      "authorization": bearer}]
 
+        def keep(*reaches: str) -> list[dict[str, Any]]:  # one job per way of reaching a node
+            return [{"source_labels": ["__meta_raven_reach"], "regex": "|".join(reaches), "action": "keep"}]
+
         if self.replicas > 1:
             interval = f"{self.scrape_interval:g}s"
             self._write("prometheus.yml", {
                 "global": {"scrape_interval": interval, "scrape_timeout": interval,
                            "evaluation_interval": interval},
                 "scrape_configs": [
-                    {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer},
+                    {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer,
+                     "relabel_configs": keep("tunnel")},
                     {"job_name": "edge-node", "http_sd_configs": sd(9100),
-                     "proxy_url": f"http://prometheus:{self.token}@{CLOUD_IP}:9400"},
+                     "proxy_url": f"http://prometheus:{self.token}@{CLOUD_IP}:9400", "relabel_configs": keep("tunnel")},
+                    {"job_name": "direct-dcgm", "http_sd_configs": sd(9400),
+                     "relabel_configs": keep("direct", "layer3")},
+                    {"job_name": "direct-node", "http_sd_configs": sd(9100),
+                     "relabel_configs": keep("direct", "layer3")},
                     {"job_name": "raven-gateway",
                      "static_configs": [{"targets": [f"{ip}:10265" for ip in REPLICA_IPS[:self.replicas]]}]},
                     {"job_name": "prometheus", "static_configs": [{"targets": ["127.0.0.1:9090"]}]},
                 ],
             })
             return
-
-        def keep(*reaches: str) -> list[dict[str, Any]]:  # one job per way of reaching a node
-            return [{"source_labels": ["__meta_raven_reach"], "regex": "|".join(reaches), "action": "keep"}]
 
         self._write("prometheus.yml", {
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "scrape_timeout": "1500ms",
