@@ -71,25 +71,13 @@ class NodeEntry:
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
 
 
-class RefusalText(str):
-    """A refused claim as the agent is told it (the text of the REGISTERED frame), with its :class:`Refusal`:
-    the metric's label comes from ``refusal.reason``, never from the words."""
-
-    refusal: Refusal
-
-    def __new__(cls, refusal: Refusal) -> RefusalText:
-        text = super().__new__(cls, refusal.text)
-        text.refusal = refusal
-        return text
+def told(refused: Iterable[tuple[str, Refusal]]) -> list[tuple[str, str]]:
+    """Refused claims as the agent is told them in REGISTERED: (node, the refusal's text). The text is for the
+    agent's log; the metric's label is ``refusal.reason.label``, never the words."""
+    return [(name, refusal.text) for name, refusal in refused]
 
 
-def refusal_label(reason: str) -> str:
-    """The label of raven_gateway_registration_refusals_total{reason} for a refused claim :meth:`Registry.register`
-    returned (``other`` for text that did not come from it)."""
-    return reason.refusal.label if isinstance(reason, RefusalText) else "other"
-
-
-Reevaluation = tuple[AgentSession, list[str], list[tuple[str, RefusalText]]]
+Reevaluation = tuple[AgentSession, list[str], list[tuple[str, Refusal]]]
 
 
 class Lookup:
@@ -196,11 +184,11 @@ class Registry:
 
     def register(
         self, s: AgentSession, nodes: Iterable[wire.NodeInfo]
-    ) -> tuple[list[str], list[tuple[str, RefusalText]]]:
-        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, why), ...]): ``why`` is the text the
-        agent is told, carrying its :class:`Refusal` (``why.refusal.reason``)."""
+    ) -> tuple[list[str], list[tuple[str, Refusal]]]:
+        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, refusal), ...]): the agent is told
+        each refusal's text (:func:`told`), the metric counts its reason."""
         accepted: list[str] = []
-        refused: list[tuple[str, RefusalText]] = []
+        refused: list[tuple[str, Refusal]] = []
         wanted: dict[str, wire.NodeInfo] = {}
         shared: dict[int, wire.NodeInfo] = {}  # id of a registered NodeInfo -> the equal one already held
         s.last_register = tuple(nodes)
@@ -229,7 +217,7 @@ class Registry:
                 if refusal is None:
                     new_names += 1
             if refusal is not None:
-                refused.append((info.name, RefusalText(refusal)))
+                refused.append((info.name, refusal))
                 # One line per agent a minute, with a count of the rest: churn cannot grow the log.
                 self._log.warning(s.agent, "refused", "refused registration of node %r (pool %r) from agent %s: %s",
                                   info.name[:253], info.pool[:63], s.agent, refusal.text)

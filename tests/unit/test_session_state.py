@@ -21,6 +21,7 @@ from raven.protocol.state import (
     SessionStateError,
     next_state,
 )
+from raven.refusals import Reason
 
 S, E = SessionState, SessionEvent
 
@@ -120,23 +121,24 @@ def test_handshake_agent_and_gateway_agree_and_hand_over_open_sessions() -> None
 def test_a_refused_handshake_answers_goaway_and_ends() -> None:
     server = ServerHandshake(wire.DEFAULT_LIMITS)
     server.receive_hello(wire.encode(wire.Hello("agent-1", "s1")))
-    err = server.refuse(HandshakeRefused("session cap", "session-cap"))
+    err = server.refuse(HandshakeRefused(Reason.SESSION_CAP, "session cap"))
     assert state(server) is S.ENDED and err.label == "session-cap"
     (goaway,) = server.data_to_send()
     assert goaway == wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "session cap"))
     client = ClientHandshake(wire.Hello("agent-1", "s1"))
-    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap"):
+    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap") as info:
         client.receive_welcome(goaway, now=0.0)
+    assert info.value.reason is Reason.GATEWAY_REFUSED
     assert state(client) is S.ENDED
     with pytest.raises(SessionStateError):
-        client.fail("closed")  # ENDED already: the table refuses a second end
+        client.fail(HandshakeRefused(Reason.HANDSHAKE_CLOSED, "closed"))  # ENDED already: no second end
 
 
 def test_a_first_message_that_is_not_hello_is_refused() -> None:
     server = ServerHandshake(wire.DEFAULT_LIMITS)
     with pytest.raises(HandshakeRefused) as info:
         server.receive_hello(wire.encode(wire.Ping(1)))
-    assert info.value.label == "no-hello"
+    assert info.value.reason is Reason.NO_HELLO and info.value.label == "no-hello"
     with pytest.raises(LocalProtocolError):
         ServerHandshake(wire.DEFAULT_LIMITS).accept(wire.Welcome(2, "gw", 1, 1.0, 3.0), now=0.0)  # no HELLO yet
 
