@@ -8,11 +8,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.handshake import HandshakeRefused
 from raven.protocol.state import SessionState
 from raven.refusals import Reason
 from raven.transport.connect import accept, connect
+from raven.transport.websocket import TransportError, messages
 
 HELLO = wire.Hello("agent-1", "0123456789abcdef", window=4096, max_streams=8, release="0.3.0")
 WELCOME = wire.Welcome(2, "gw-0", 2, heartbeat_interval=1.0, heartbeat_timeout=3.0, window=2048, max_streams=4)
@@ -132,3 +134,16 @@ async def test_accept_without_a_binary_hello_in_time_says_nothing_and_tells_why(
         await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=0.05)  # type: ignore[arg-type]
     assert len(refusals) == 1 and not refusals[0].answered and ws.sent == []
     assert refusals[0].reason is (Reason.NO_HELLO if incoming is None else Reason.BAD_HELLO)
+
+
+async def test_a_broken_websocket_ends_the_session_as_a_lost_connection() -> None:
+    """messages() raises TransportError for what a session does not carry: a RavenError (one hierarchy) and a
+    ConnectionError (Session.run ends on it like on any lost connection)."""
+    ws = ScriptedWS(wire.encode(WELCOME), aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None))
+    session, _ = await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    with pytest.raises(TransportError) as info:
+        await anext(messages(ws))  # type: ignore[arg-type]
+    assert isinstance(info.value, RavenError) and isinstance(info.value, ConnectionError)
+    ws.incoming.append(aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None))
+    await session.run(messages(ws))  # type: ignore[arg-type]
+    assert session.closed and session.close_reason == "connection lost: unexpected websocket message type TEXT"
