@@ -8,6 +8,7 @@ from raven.protocol import handshake, wire
 from raven.protocol.events import (
     DatagramReceived,
     DataReceived,
+    EndCause,
     HeadReceived,
     ProtocolViolation,
     SessionEnded,
@@ -102,6 +103,7 @@ def test_heartbeat_is_driven_by_the_clock_it_is_given() -> None:
     assert gw.next_deadline() == pytest.approx(102.0)
     events = gw.tick(104.5)  # silent for more than 3 s
     assert isinstance(events[-1], SessionEnded) and "heartbeat timeout" in events[-1].reason
+    assert events[-1].cause is EndCause.HEARTBEAT  # the code the transport's log line is chosen by
     assert gw.closed and gw.data_to_send() == []  # a silent peer gets no GOAWAY
 
 
@@ -111,6 +113,7 @@ def test_session_error_answers_goaway_and_aborts_every_stream() -> None:
     relay(gw, ag)
     events = ag.receive(b"\x00\x00\x00\x02zz", 0.0)  # a frame length below the header size
     assert [type(e) for e in events] == [ProtocolViolation, StreamAborted, StreamClosed, SessionEnded]
+    assert isinstance(events[-1], SessionEnded) and events[-1].cause is EndCause.PROTOCOL
     assert ag.closed and not ag.alive(sid)
     goaway = wire.decode(wire.split_batch(ag.data_to_send()[0])[0])
     assert isinstance(goaway, wire.GoAway) and goaway.code == wire.ResetCode.PROTOCOL
@@ -182,6 +185,7 @@ def test_a_peer_flooding_frames_that_do_nothing_is_cut_off() -> None:
     assert not ag.closed
     events = ag.receive(burst, 0.0)
     assert ag.closed and isinstance(events[-1], SessionEnded) and "do nothing" in events[-1].reason
+    assert events[-1].cause is EndCause.PROTOCOL
     gw2, ag2 = pair()
     sid2 = gw2.open_stream(op(fin=False))
     relay(gw2, ag2)

@@ -9,7 +9,7 @@ import pytest
 
 from raven.protocol import wire
 from raven.protocol.control import ControlDispatcher
-from raven.protocol.events import SessionEnded
+from raven.protocol.events import EndCause, SessionEnded
 from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
 from raven.protocol.session import LocalProtocolError, Session
 from raven.protocol.state import (
@@ -81,7 +81,7 @@ def test_the_core_moves_along_the_table_drain_then_end_then_close() -> None:
     gw.receive(wire.encode(wire.Drain("agent stopping")), 1.0)  # version 1: one frame per message
     assert state(gw) is S.DRAINING and gw.peer_draining and not gw.usable and not gw.closed
     events = gw.receive(wire.encode(wire.GoAway(0, "bye")), 2.0)
-    assert isinstance(events[-1], SessionEnded)
+    assert isinstance(events[-1], SessionEnded) and events[-1].cause is EndCause.GOAWAY
     assert state(gw) is S.ENDED and gw.closed and gw.peer_draining  # it ended while the peer drained
     assert gw.close() == [] and state(gw) is S.CLOSED
     assert gw.close() == [] and state(gw) is S.CLOSED  # idempotent
@@ -94,6 +94,7 @@ def test_a_local_abort_ends_the_protocol_and_aborts_streams_without_goaway() -> 
     events = gw.abort("peer not reading")
     assert gw.state is S.ENDED and not gw.alive(sid) and not gw.peer_draining
     assert isinstance(events[-1], SessionEnded) and events[-1].reason == "peer not reading"
+    assert events[-1].cause is EndCause.ABORTED
     assert gw.data_to_send() == [] and gw.abort("again") == []
 
 
