@@ -81,13 +81,14 @@ Reevaluation = tuple[AgentSession, list[str], list[tuple[str, Refusal]]]
 
 
 class Lookup:
-    """Result of resolving a node name: the entry (or None) and a reason when unusable."""
+    """Result of resolving a node name: the entry (or None), and the :class:`Refusal` when it cannot be used
+    (``UNKNOWN_NODE``: no agent claimed it; ``UNAVAILABLE``: its pool has no agent connected)."""
 
-    __slots__ = ("entry", "reason")
+    __slots__ = ("entry", "refusal")
 
-    def __init__(self, entry: NodeEntry | None, reason: str = "") -> None:
+    def __init__(self, entry: NodeEntry | None, refusal: Refusal | None = None) -> None:
         self.entry = entry
-        self.reason = reason
+        self.refusal = refusal
 
 
 class Registry:
@@ -341,9 +342,11 @@ class Registry:
     def lookup(self, node: str) -> Lookup:
         entry = self.nodes.get(node)
         if entry is None:
-            return Lookup(None, f"node {node!r} is not registered with this gateway: no agent has claimed it")
+            return Lookup(None, Refusal(Reason.UNKNOWN_NODE, f"node {node!r} is not registered with this gateway: no "
+                                        "agent has claimed it"))
         if not entry.sessions:
-            return Lookup(entry, f"node {node!r} belongs to pool {entry.pool!r}, which has no agent connected")
+            return Lookup(entry, Refusal(Reason.UNAVAILABLE, f"node {node!r} belongs to pool {entry.pool!r}, which "
+                                         "has no agent connected"))
         return Lookup(entry)
 
     def select(self, entry: NodeEntry, exclude: Iterable[AgentSession] = ()) -> AgentSession | None:

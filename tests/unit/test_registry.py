@@ -54,9 +54,10 @@ def test_removing_an_old_session_keeps_the_newer_one() -> None:
     assert reg.add_session(new) is old
     reg.register(new, [node("edge-1", "pool-a")])
     assert reg.remove_session(old) is False
-    assert reg.lookup("edge-1").entry is not None and reg.lookup("edge-1").reason == ""
+    assert reg.lookup("edge-1").entry is not None and reg.lookup("edge-1").refusal is None
     assert reg.remove_session(new) is True
-    assert "no agent connected" in reg.lookup("edge-1").reason
+    refusal = reg.lookup("edge-1").refusal
+    assert refusal is not None and refusal.reason is Reason.UNAVAILABLE and "no agent connected" in refusal.text
 
 
 def test_reregistration_replaces_the_node_set() -> None:
@@ -87,7 +88,8 @@ def test_select_prefers_usable_and_least_loaded() -> None:
     assert reg.select(entry) is idle
     assert reg.select(entry, exclude=[idle]) is busy
     assert reg.select(entry, exclude=[idle, busy]) is None
-    assert reg.lookup("edge-2").entry is None
+    unknown = reg.lookup("edge-2")
+    assert unknown.entry is None and unknown.refusal is not None and unknown.refusal.reason is Reason.UNKNOWN_NODE
 
 
 def test_pool_binding_survives_a_blip_and_reserved_names_are_refused() -> None:
