@@ -1,7 +1,7 @@
 """Refusals as values: one :class:`Refusal` type with a :class:`Reason` code, used by every check.
 
 Every check that says no (the front door, its credentials, the pool check, the agent's check of each OPEN,
-the registry's check of each claimed node, the name rule, the tunnel handshake) raises or returns a
+the registry's check of each claimed node, the name rule, the tunnel handshake on either side) raises or returns a
 :class:`Refusal`. Its :class:`Reason` is a code, not text: it fixes
 
 - ``where``: which check refused, and so which counter counts it (:class:`Where`);
@@ -10,7 +10,7 @@ the registry's check of each claimed node, the name rule, the tunnel handshake) 
 - ``status``: the HTTP status of the answer. For the front door it is the status the client gets; for the agent's
   checks, the status its reset becomes at the gateway (``reset_code``); for a claim the registry refuses, what it
   is as an HTTP answer (invalid input 400, not allowed 403, a conflict 409, a cap 503); for the handshake, the
-  status of the tunnel port's answer.
+  status of the tunnel port's answer (for the agent's side of it, what the gateway's answer was as HTTP).
 
 The refusal's ``text`` is for people (the response body, the log line, the agent's log): it says which node and
 which pool, and what to do. Code never reads it: control flow and metric labels come from ``reason``.
@@ -26,14 +26,15 @@ from raven.protocol.wire import ResetCode
 
 
 class Where(enum.Enum):
-    """Which check refused; each has its own counter (its ``reason`` label takes :attr:`Reason.label`)."""
+    """Which check refused; each but ``SESSION`` has its own counter (its ``reason`` label takes
+    :attr:`Reason.label`)."""
 
     FRONT = "front"  # raven_gateway_front_refused_total{reason}
     AGENT = "agent"  # raven_agent_refused_streams_total{reason}
     REGISTRATION = "registration"  # raven_gateway_registration_refusals_total{pool,reason}
     HANDSHAKE = "handshake"  # raven_gateway_handshake_failures_total{reason}
-    # The agent's view of the session handshake: every one is counted as
-    # raven_agent_connect_attempts_total{result="refused"}; the label keys the agent's log line.
+    # The agent's view of the session handshake: all are counted as raven_agent_connect_attempts_total{result=
+    # "refused"} (the value docs/skew.md and the dashboards know); the code tells them apart where code must.
     SESSION = "session"
 
 
