@@ -5,9 +5,8 @@ No asyncio, no sockets, no clock of its own: the caller passes ``now`` (seconds,
 flow-control accounting, the heartbeat deadlines and the outgoing frames; raven/transport/ runs it over a
 WebSocket, and tests drive two of them against each other in memory.
 
-One stream's halves, their transition table and its flow accounts are raven/protocol/stream.py; here they are
-kept in a table and moved by frames in and calls out. A stream leaves the table when both halves are DONE or it
-was reset; ids are never reused.
+One stream's halves, transition table and flow accounts are in raven/protocol/stream.py; here they are kept in
+a table, moved by frames in and calls out, and leave it when both halves are DONE or reset (ids are never reused).
 """
 
 from __future__ import annotations
