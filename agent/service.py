@@ -39,6 +39,7 @@ from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import wire
 from raven.protocol.handshake import HandshakeRefused
+from raven.refusals import Reason
 from raven.transport.connect import connect
 from raven.transport.session import Session
 from raven.transport.tls import CertReloader, expiries
@@ -246,7 +247,7 @@ class Agent:
         try:
             session, welcome = await connect(ws, hello, limits=self.limits, timeout=lim.handshake_timeout)
             if self.draining:
-                raise HandshakeRefused("agent is stopping: not starting a new session")
+                raise HandshakeRefused(Reason.AGENT_STOPPING, "agent is stopping: not starting a new session")
             if welcome.replica in self.replica_sessions:
                 raise DuplicateReplica(
                     f"connection via {target.key} reached replica {welcome.replica!r}, which this agent already "

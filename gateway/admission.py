@@ -121,11 +121,11 @@ class Admission:
                 # A replica that just started does not know every node yet: "try again", not "no such node".
                 raise Refusal(Reason.NOT_SETTLED, f"node {target.node!r} is not registered here yet: this gateway "
                               "replica is starting and its agents are still connecting", {"Retry-After": "2"})
-            raise Refusal(Reason.UNKNOWN_NODE, found.reason)
+            raise found.refusal or Refusal(Reason.UNKNOWN_NODE, f"node {target.node!r} is not registered")
         ex.entry = found.entry
         ex.pool = found.entry.pool
-        if found.reason:
-            raise Refusal(Reason.UNAVAILABLE, found.reason)
+        if found.refusal is not None:
+            raise found.refusal
         ex.deadline = ex.start + self.timeout(request)
 
     def _vouch(self, ex: Exchange, entry: NodeEntry | None) -> None:

@@ -71,35 +71,24 @@ class NodeEntry:
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
 
 
-class RefusalText(str):
-    """A refused claim as the agent is told it (the text of the REGISTERED frame), with its :class:`Refusal`:
-    the metric's label comes from ``refusal.reason``, never from the words."""
-
-    refusal: Refusal
-
-    def __new__(cls, refusal: Refusal) -> RefusalText:
-        text = super().__new__(cls, refusal.text)
-        text.refusal = refusal
-        return text
+def told(refused: Iterable[tuple[str, Refusal]]) -> list[tuple[str, str]]:
+    """Refused claims as the agent is told them in REGISTERED: (node, the refusal's text). The text is for the
+    agent's log; the metric's label is ``refusal.reason.label``, never the words."""
+    return [(name, refusal.text) for name, refusal in refused]
 
 
-def refusal_label(reason: str) -> str:
-    """The label of raven_gateway_registration_refusals_total{reason} for a refused claim :meth:`Registry.register`
-    returned (``other`` for text that did not come from it)."""
-    return reason.refusal.label if isinstance(reason, RefusalText) else "other"
-
-
-Reevaluation = tuple[AgentSession, list[str], list[tuple[str, RefusalText]]]
+Reevaluation = tuple[AgentSession, list[str], list[tuple[str, Refusal]]]
 
 
 class Lookup:
-    """Result of resolving a node name: the entry (or None) and a reason when unusable."""
+    """Result of resolving a node name: the entry (or None), and the :class:`Refusal` when it cannot be used
+    (``UNKNOWN_NODE``: no agent claimed it; ``UNAVAILABLE``: its pool has no agent connected)."""
 
-    __slots__ = ("entry", "reason")
+    __slots__ = ("entry", "refusal")
 
-    def __init__(self, entry: NodeEntry | None, reason: str = "") -> None:
+    def __init__(self, entry: NodeEntry | None, refusal: Refusal | None = None) -> None:
         self.entry = entry
-        self.reason = reason
+        self.refusal = refusal
 
 
 class Registry:
@@ -196,11 +185,11 @@ class Registry:
 
     def register(
         self, s: AgentSession, nodes: Iterable[wire.NodeInfo]
-    ) -> tuple[list[str], list[tuple[str, RefusalText]]]:
-        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, why), ...]): ``why`` is the text the
-        agent is told, carrying its :class:`Refusal` (``why.refusal.reason``)."""
+    ) -> tuple[list[str], list[tuple[str, Refusal]]]:
+        """Replace the set of nodes ``s`` serves. Returns (accepted, [(node, refusal), ...]): the agent is told
+        each refusal's text (:func:`told`), the metric counts its reason."""
         accepted: list[str] = []
-        refused: list[tuple[str, RefusalText]] = []
+        refused: list[tuple[str, Refusal]] = []
         wanted: dict[str, wire.NodeInfo] = {}
         shared: dict[int, wire.NodeInfo] = {}  # id of a registered NodeInfo -> the equal one already held
         s.last_register = tuple(nodes)
@@ -229,7 +218,7 @@ class Registry:
                 if refusal is None:
                     new_names += 1
             if refusal is not None:
-                refused.append((info.name, RefusalText(refusal)))
+                refused.append((info.name, refusal))
                 # One line per agent a minute, with a count of the rest: churn cannot grow the log.
                 self._log.warning(s.agent, "refused", "refused registration of node %r (pool %r) from agent %s: %s",
                                   info.name[:253], info.pool[:63], s.agent, refusal.text)
@@ -353,9 +342,11 @@ class Registry:
     def lookup(self, node: str) -> Lookup:
         entry = self.nodes.get(node)
         if entry is None:
-            return Lookup(None, f"node {node!r} is not registered with this gateway: no agent has claimed it")
+            return Lookup(None, Refusal(Reason.UNKNOWN_NODE, f"node {node!r} is not registered with this gateway: no "
+                                        "agent has claimed it"))
         if not entry.sessions:
-            return Lookup(entry, f"node {node!r} belongs to pool {entry.pool!r}, which has no agent connected")
+            return Lookup(entry, Refusal(Reason.UNAVAILABLE, f"node {node!r} belongs to pool {entry.pool!r}, which "
+                                         "has no agent connected"))
         return Lookup(entry)
 
     def select(self, entry: NodeEntry, exclude: Iterable[AgentSession] = ()) -> AgentSession | None:

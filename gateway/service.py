@@ -22,7 +22,7 @@ from gateway.layer3 import GatewayLayer3
 from gateway.opsapi import OpsApi
 from gateway.pools import Pools
 from gateway.proxy import Proxy
-from gateway.registry import Registry
+from gateway.registry import Registry, told
 from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
 from raven.config import GatewayConfig, split_host_port
@@ -289,7 +289,7 @@ class Gateway:
             for agent_session, accepted, refused in self.registry.set_authority(
                 {n.name: n.pool for n in nodes.values()}
             ):
-                for answer in wire.split_registered(accepted, refused):
+                for answer in wire.split_registered(accepted, told(refused)):
                     agent_session.session.send_control(answer)
             self.kube_synced = True
             self.hosts.changed()

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from aiohttp import web
 
 from gateway.layer3 import GatewayLayer3
-from gateway.registry import AgentSession, Registry, refusal_label
+from gateway.registry import AgentSession, Registry, told
 from raven import pki, version
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
@@ -24,6 +24,7 @@ from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
 from raven.protocol.control import ControlDispatcher
 from raven.protocol.handshake import HandshakeRefused
+from raven.refusals import Reason
 from raven.transport.connect import accept
 from raven.transport.session import Stream
 from raven.transport.websocket import messages
@@ -99,7 +100,11 @@ class TunnelEndpoint:
     TLS_LOG_EVERY = 60.0  # seconds: the same TLS failure is logged once per interval, with a count
 
     def tls_failed(self, exc: ssl.SSLError) -> None:
-        """A TLS handshake on the tunnel port failed (called from the TLS layer, no peer address known)."""
+        """A TLS handshake on the tunnel port failed (called from the TLS layer, no peer address known).
+
+        Counted as ``tls <code>``: the code is OpenSSL's reason code (``CERTIFICATE_VERIFY_FAILED``,
+        ``HTTP_REQUEST``, ...), a fixed word from the library's own table, never text the peer sent, so the
+        label set stays bounded (and cut to 40 characters)."""
         reason = str(exc.reason or type(exc).__name__)
         self.metrics.handshake_failures.labels(f"tls {reason}"[:40]).inc()
         now = time.monotonic()
@@ -117,11 +122,11 @@ class TunnelEndpoint:
         more = f"; {suppressed} more like it in the last {self.TLS_LOG_EVERY:.0f}s" if suppressed else ""
         log.warning("TLS handshake on the tunnel port failed: %s%s%s", detail, hint, more)
 
-    def _refuse(self, peer: str, reason: str, status: int, label: str | None = None) -> web.Response:
-        label = label or reason.split(":")[0][:40]
-        self._log.warning(peer, label, "tunnel handshake from %s refused: %s", peer, reason)
-        self.metrics.handshake_failures.labels(label).inc()
-        return web.Response(status=status, text=reason + "\n")
+    def _refuse(self, peer: str, reason: Reason, text: str) -> web.Response:
+        """Refuse the upgrade request itself: the answer has the reason's status and the text as its body."""
+        self._log.warning(peer, reason.label, "tunnel handshake from %s refused: %s", peer, text)
+        self.metrics.handshake_failures.labels(reason.label).inc()
+        return web.Response(status=reason.status, text=text + "\n")
 
     def _identity(self, request: web.BaseRequest, peer: str) -> pki.Identity | web.Response:
         """The agent's identity from its client certificate, or the refusal to answer.
@@ -132,14 +137,14 @@ class TunnelEndpoint:
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = ssl_obj.getpeercert(binary_form=True) if isinstance(ssl_obj, ssl.SSLObject) else None
         if not der:
-            return self._refuse(peer, "client certificate required", 401)
+            return self._refuse(peer, Reason.CLIENT_CERTIFICATE_REQUIRED, "client certificate required")
         try:
             ident = pki.identity_from_der(der)
         except pki.PKIError as exc:
-            return self._refuse(peer, f"unreadable client certificate: {exc}", 403)
+            return self._refuse(peer, Reason.UNREADABLE_CLIENT_CERTIFICATE, f"unreadable client certificate: {exc}")
         if ident.role != "agent" or not ident.pools:
-            return self._refuse(peer, f"certificate {ident.common_name!r} is not an agent certificate with pools", 403,
-                                label="not-an-agent-certificate")
+            return self._refuse(peer, Reason.NOT_AN_AGENT_CERTIFICATE,
+                                f"certificate {ident.common_name!r} is not an agent certificate with pools")
         return ident
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -154,7 +159,7 @@ class TunnelEndpoint:
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
         peer = request.remote or "?"
         if self.draining:
-            return self._refuse(peer, "gateway is draining", 503)
+            return self._refuse(peer, Reason.GATEWAY_DRAINING, "gateway is draining")
         ident = self._identity(request, peer)
         if not isinstance(ident, pki.Identity):
             return ident
@@ -180,28 +185,28 @@ class TunnelEndpoint:
         """The gateway's policy for one HELLO: the WELCOME, or :class:`HandshakeRefused` (GOAWAY with the reason)."""
         expected = claim.name
         if hello.agent != expected:
-            raise HandshakeRefused(f"HELLO names agent {hello.agent!r} but the certificate is for {expected!r}",
-                                   "hello-agent-mismatch", key=peer)
+            raise HandshakeRefused(Reason.HELLO_AGENT_MISMATCH, f"HELLO names agent {hello.agent!r} but the "
+                                   f"certificate is for {expected!r}", key=peer)
         cfg = self.cfg
         held = self.registry.agent_sessions(expected)
         if held >= cfg.max_sessions_per_agent:
-            raise HandshakeRefused(f"agent {expected} already holds {held} sessions to this gateway (limit "
-                                   f"{cfg.max_sessions_per_agent}, max_sessions_per_agent)", "agent-session-cap",
+            raise HandshakeRefused(Reason.AGENT_SESSION_CAP, f"agent {expected} already holds {held} sessions to "
+                                   f"this gateway (limit {cfg.max_sessions_per_agent}, max_sessions_per_agent)",
                                    key=expected)
         if len(self.registry.sessions) >= cfg.max_sessions_total:
-            raise HandshakeRefused(f"this gateway holds {len(self.registry.sessions)} agent sessions (limit "
-                                   f"{cfg.max_sessions_total}, max_sessions_total)", "session-cap", key=expected)
+            raise HandshakeRefused(Reason.SESSION_CAP, f"this gateway holds {len(self.registry.sessions)} agent "
+                                   f"sessions (limit {cfg.max_sessions_total}, max_sessions_total)", key=expected)
         if not self.session_buckets.take(expected):
-            raise HandshakeRefused(f"agent {expected} opens sessions too often (more than {cfg.session_burst} at "
-                                   f"once, then {cfg.session_rate:g} per second): back off", "session-rate",
+            raise HandshakeRefused(Reason.SESSION_RATE, f"agent {expected} opens sessions too often (more than "
+                                   f"{cfg.session_burst} at once, then {cfg.session_rate:g} per second): back off",
                                    key=expected)
         try:
             chosen = handshake.choose_version(hello.versions)
         except HandshakeRefused as err:
-            raise HandshakeRefused(f"{err.reason} (see docs/skew.md)", err.label, key=expected) from None
+            raise HandshakeRefused(err.reason, f"{err.text} (see docs/skew.md)", key=expected) from None
         too_old = self._release_refused(hello)
         if too_old:
-            raise HandshakeRefused(too_old, "agent-version", key=expected)
+            raise HandshakeRefused(Reason.AGENT_VERSION, too_old, key=expected)
         lim = cfg.limits
         return wire.Welcome(
             version=chosen,
@@ -215,11 +220,11 @@ class TunnelEndpoint:
         )
 
     def _refused(self, claim: Claim, peer: str, err: HandshakeRefused) -> None:
-        """Log (rate-limited) and count a refused handshake; the label is fixed, never the peer's text."""
+        """Log (rate-limited) and count a refused handshake; the label is the reason's, never the peer's text."""
         if not err.answered:  # no HELLO came: nothing was said, nothing is counted
-            self._log.warning(peer, err.label, "agent %s (%s): %s", claim.common_name, peer, err.reason)
+            self._log.warning(peer, err.label, "agent %s (%s): %s", claim.common_name, peer, err.text)
             return
-        self._log.warning(err.key or peer, err.label, "closing tunnel: %s", err.reason)
+        self._log.warning(err.key or peer, err.label, "closing tunnel: %s", err.text)
         self.metrics.handshake_failures.labels(err.label).inc()
 
     def _release_refused(self, hello: wire.Hello) -> str:
@@ -292,8 +297,8 @@ class TunnelEndpoint:
             return
         # Rate-limited like registrations: each announcement costs the policy a rebuild.
         if not self.routes_buckets.take(agent_session.agent):
-            self.metrics.handshake_failures.labels("routes-rate").inc()
-            self._log.warning(agent_session.agent, "routes-rate", "agent %s announces layer-3 CIDRs too "
+            self.metrics.handshake_failures.labels(Reason.ROUTES_RATE.label).inc()
+            self._log.warning(agent_session.agent, Reason.ROUTES_RATE.label, "agent %s announces layer-3 CIDRs too "
                               "often (register_burst, then register_rate): ignored", agent_session.agent)
             return
         self.layer3.on_routes(agent_session, frame)
@@ -322,9 +327,9 @@ class TunnelEndpoint:
         if s.pending_register is not None or not self.register_buckets.take(s.agent):
             replaced = s.pending_register is not None
             s.pending_register = frame
-            self.metrics.handshake_failures.labels("register-rate").inc()
+            self.metrics.handshake_failures.labels(Reason.REGISTER_RATE.label).inc()
             wait = self.register_buckets.wait(s.agent)
-            self._log.info(s.agent, "register-rate", "agent %s registers too often (register_burst %d, then "
+            self._log.info(s.agent, Reason.REGISTER_RATE.label, "agent %s registers too often (register_burst %d, then "
                            "register_rate %g/s): its newest REGISTER is applied in %.1fs%s", s.agent,
                            self.cfg.register_burst, self.cfg.register_rate, wait,
                            " (it replaced a waiting one)" if replaced else "")
@@ -359,14 +364,14 @@ class TunnelEndpoint:
         accepted, refused = self.registry.register(s, frame.nodes)
         if refused:
             claimed = {n.name: n.pool for n in frame.nodes}
-            for name, reason in refused:
+            for name, refusal in refused:
                 pool = claimed.get(name, "")
-                # Label values come only from the certificate: an agent cannot mint series.
+                # Label values come only from the certificate and the reason's code: an agent cannot mint series.
                 label = pool if pool in s.pools else "other"
-                self.metrics.refusals.labels(label, refusal_label(reason)).inc()
+                self.metrics.refusals.labels(label, refusal.label).inc()
         self._log.info(s.agent, "registered", "agent %s session %s registered %d nodes (%d refused)", s.agent,
                        s.session_id[:8], len(accepted), len(refused))
-        for answer in wire.split_registered(accepted, refused):
+        for answer in wire.split_registered(accepted, told(refused)):
             s.session.send_control(answer)
         self._update_gauges()
 

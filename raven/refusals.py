@@ -1,7 +1,7 @@
 """Refusals as values: one :class:`Refusal` type with a :class:`Reason` code, used by every check.
 
 Every check that says no (the front door, its credentials, the pool check, the agent's check of each OPEN,
-the registry's check of each claimed node, the name rule, the tunnel handshake) raises or returns a
+the registry's check of each claimed node, the name rule, the tunnel handshake on either side) raises or returns a
 :class:`Refusal`. Its :class:`Reason` is a code, not text: it fixes
 
 - ``where``: which check refused, and so which counter counts it (:class:`Where`);
@@ -10,7 +10,7 @@ the registry's check of each claimed node, the name rule, the tunnel handshake) 
 - ``status``: the HTTP status of the answer. For the front door it is the status the client gets; for the agent's
   checks, the status its reset becomes at the gateway (``reset_code``); for a claim the registry refuses, what it
   is as an HTTP answer (invalid input 400, not allowed 403, a conflict 409, a cap 503); for the handshake, the
-  status of the tunnel port's answer.
+  status of the tunnel port's answer (for the agent's side of it, what the gateway's answer was as HTTP).
 
 The refusal's ``text`` is for people (the response body, the log line, the agent's log): it says which node and
 which pool, and what to do. Code never reads it: control flow and metric labels come from ``reason``.
@@ -26,12 +26,16 @@ from raven.protocol.wire import ResetCode
 
 
 class Where(enum.Enum):
-    """Which check refused; each has its own counter (its ``reason`` label takes :attr:`Reason.label`)."""
+    """Which check refused; each but ``SESSION`` has its own counter (its ``reason`` label takes
+    :attr:`Reason.label`)."""
 
     FRONT = "front"  # raven_gateway_front_refused_total{reason}
     AGENT = "agent"  # raven_agent_refused_streams_total{reason}
     REGISTRATION = "registration"  # raven_gateway_registration_refusals_total{pool,reason}
     HANDSHAKE = "handshake"  # raven_gateway_handshake_failures_total{reason}
+    # The agent's view of the session handshake: all are counted as raven_agent_connect_attempts_total{result=
+    # "refused"} (the value docs/skew.md and the dashboards know); the code tells them apart where code must.
+    SESSION = "session"
 
 
 _R = ResetCode
@@ -95,9 +99,10 @@ class Reason(enum.Enum):
     HOSTS_BUDGET = (Where.REGISTRATION, "hosts-budget", 503)
 
     # ---------------------------------------------------------------- the tunnel handshake (gateway/tunnel.py)
-    # The labels raven_gateway_handshake_failures_total has today; the handshake's checks raise these once they
-    # are wired to this type. The ones before the WebSocket upgrade are answered with their status; the others
-    # are sent in GOAWAY (their status says what they are).
+    # The labels raven_gateway_handshake_failures_total has always had (dashboards and docs/security.md read
+    # them). The ones before the WebSocket upgrade are answered with their status; the others are sent in GOAWAY
+    # (their status says what they are). raven/protocol/handshake.py and gateway/tunnel.py raise them as
+    # :class:`raven.protocol.handshake.HandshakeRefused`.
     CLIENT_CERTIFICATE_REQUIRED = (Where.HANDSHAKE, "client certificate required", 401)
     UNREADABLE_CLIENT_CERTIFICATE = (Where.HANDSHAKE, "unreadable client certificate", 403)
     NOT_AN_AGENT_CERTIFICATE = (Where.HANDSHAKE, "not-an-agent-certificate", 403)
@@ -110,6 +115,19 @@ class Reason(enum.Enum):
     SESSION_RATE = (Where.HANDSHAKE, "session-rate", 429)
     VERSION = (Where.HANDSHAKE, "version", 400)  # no common protocol version
     AGENT_VERSION = (Where.HANDSHAKE, "agent-version", 400)  # below tunnel.min_agent_version
+    # Not the handshake, but counted beside it: an agent's REGISTER or ROUTES over its rate (held or ignored).
+    REGISTER_RATE = (Where.HANDSHAKE, "register-rate", 429)
+    ROUTES_RATE = (Where.HANDSHAKE, "routes-rate", 429)
+
+    # ---------------------------------------------------------------- the agent's side of the handshake
+    # (raven/protocol/handshake.py ClientHandshake, raven/transport/connect.py, agent/service.py). The status is
+    # what the gateway's answer is as HTTP: a bad answer 502, a refusal or a stop 503.
+    BAD_WELCOME = (Where.SESSION, "bad-welcome", 502)  # the answer to HELLO does not decode
+    GATEWAY_REFUSED = (Where.SESSION, "goaway", 503)  # the gateway answered GOAWAY (its reason in the text)
+    NO_WELCOME = (Where.SESSION, "unexpected-frame", 502)  # the answer is another frame
+    WELCOME_VERSION = (Where.SESSION, "version", 502)  # the gateway chose a version this agent does not speak
+    HANDSHAKE_CLOSED = (Where.SESSION, "closed", 502)  # the connection closed before WELCOME
+    AGENT_STOPPING = (Where.SESSION, "stopping", 503)  # the agent stops: the new session is not started
 
     def __init__(self, where: Where, label: str, status: int, reset_code: ResetCode | None = None) -> None:
         self.where = where

@@ -7,6 +7,7 @@ and asks :meth:`raven.protocol.session.Session.alive` whether the stream is stil
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from raven.protocol import wire
@@ -83,12 +84,23 @@ class ProtocolViolation:
     reason: str
 
 
+class EndCause(enum.Enum):
+    """Why a session ended, as a code (``SessionEnded.reason`` is the text for the log)."""
+
+    CLOSED = "closed"  # this side closed it
+    ABORTED = "aborted"  # this side ended the protocol: a peer that does not read
+    GOAWAY = "goaway"  # the peer said goodbye
+    PROTOCOL = "protocol"  # the peer broke the protocol (answered with GOAWAY)
+    HEARTBEAT = "heartbeat"  # the peer fell silent past the heartbeat deadline
+
+
 @dataclass(slots=True)
 class SessionEnded:
     """The session is over: the peer said GOAWAY, broke the protocol, or fell silent. Close the transport."""
 
     reason: str
     code: int
+    cause: EndCause = EndCause.CLOSED
 
 
 Event = (

@@ -12,23 +12,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.session import LocalProtocolError, Session
 from raven.protocol.state import SessionEvent, SessionState, next_state
+from raven.refusals import Reason, Refusal
 
 
-class HandshakeRefused(RavenError):
-    """The peer's handshake message cannot start a session; ``reason`` says why (it is logged and, on the
-    gateway, sent in GOAWAY). ``label`` is a fixed word for a metric; ``key`` whom the log line is rate-limited
-    by (empty: the peer's address); ``answered``: False when the exchange broke before anything could be said."""
+class HandshakeRefused(Refusal):
+    """The handshake cannot start a session: ``reason`` is the code (a :class:`Reason` of ``Where.HANDSHAKE`` on
+    the gateway, ``Where.SESSION`` on the agent; the metric's label is ``reason.label``), ``text`` says why for
+    people (it is logged and, on the gateway, sent in GOAWAY). ``key`` is whom the log line is rate-limited by
+    (empty: the peer's address); ``answered``: False when the exchange broke before anything could be said."""
 
-    def __init__(self, reason: str, label: str = "", *, key: str = "", answered: bool = True) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.label = label or reason.split(":")[0][:40]
+    def __init__(self, reason: Reason, text: str, *, key: str = "", answered: bool = True) -> None:
+        super().__init__(reason, text)
         self.key = key
         self.answered = answered
+
+    def __repr__(self) -> str:
+        return f"HandshakeRefused({self.reason.name}, {self.text!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,7 @@ def choose_version(offered: Sequence[int], supported: Sequence[int] = wire.SUPPO
     common = set(offered) & set(supported)
     if not common:
         raise HandshakeRefused(
-            f"no common protocol version: agent speaks {list(offered)}, gateway {list(supported)}", "version"
+            Reason.VERSION, f"no common protocol version: agent speaks {list(offered)}, gateway {list(supported)}"
         )
     return max(common)
 
@@ -59,9 +61,9 @@ def read_hello(message: bytes | bytearray | memoryview, limits: wire.Limits) -> 
     try:
         frame = wire.decode(message, limits)
     except wire.ProtocolError as err:
-        raise HandshakeRefused(f"bad HELLO: {err.reason}", "bad-hello") from None
+        raise HandshakeRefused(Reason.BAD_HELLO, f"bad HELLO: {err.reason}") from None
     if not isinstance(frame, wire.Hello):
-        raise HandshakeRefused("first frame must be HELLO", "no-hello")
+        raise HandshakeRefused(Reason.NO_HELLO, "first frame must be HELLO")
     return frame
 
 
@@ -71,13 +73,14 @@ def read_welcome(message: bytes | bytearray | memoryview, limits: wire.Limits,
     try:
         frame = wire.decode(message, limits)
     except wire.ProtocolError as err:
-        raise HandshakeRefused(f"bad WELCOME: {err.reason}") from None
+        raise HandshakeRefused(Reason.BAD_WELCOME, f"bad WELCOME: {err.reason}") from None
     if isinstance(frame, wire.GoAway):
-        raise HandshakeRefused(f"gateway refused the session: {frame.reason}")
+        raise HandshakeRefused(Reason.GATEWAY_REFUSED, f"gateway refused the session: {frame.reason}")
     if not isinstance(frame, wire.Welcome):
-        raise HandshakeRefused(f"expected WELCOME, got {type(frame).__name__}")
+        raise HandshakeRefused(Reason.NO_WELCOME, f"expected WELCOME, got {type(frame).__name__}")
     if frame.version not in supported:
-        raise HandshakeRefused(f"gateway chose protocol version {frame.version}; this agent speaks {list(supported)}")
+        raise HandshakeRefused(Reason.WELCOME_VERSION,
+                               f"gateway chose protocol version {frame.version}; this agent speaks {list(supported)}")
     return frame
 
 
@@ -166,9 +169,10 @@ class ClientHandshake(_Handshake):
             raise self._refused(err) from None
         return self._session(agent_side(self.hello, welcome), opener=False, now=now), welcome
 
-    def fail(self, reason: str) -> HandshakeRefused:
-        """The exchange broke before a WELCOME (the connection closed, no answer in time): ENDED, with a reason."""
-        return self._refused(HandshakeRefused(reason))
+    def fail(self, err: HandshakeRefused) -> HandshakeRefused:
+        """The exchange broke before a WELCOME (the connection closed): ENDED; returns ``err`` for the caller to
+        raise."""
+        return self._refused(err)
 
 
 class ServerHandshake(_Handshake):
@@ -178,7 +182,7 @@ class ServerHandshake(_Handshake):
     __slots__ = ()
 
     def receive_hello(self, message: bytes | bytearray | memoryview) -> wire.Hello:
-        """The session's first message. Raises :class:`HandshakeRefused` (refuse it with the reason)."""
+        """The session's first message. Raises :class:`HandshakeRefused` (refuse it with that refusal)."""
         if self.state is not SessionState.HANDSHAKE or self.hello is not None:
             raise LocalProtocolError("HELLO was already read")
         self.hello = read_hello(message, self.limits)
@@ -191,8 +195,8 @@ class ServerHandshake(_Handshake):
         return self._session(gateway_side(self.hello, welcome), opener=True, now=now)
 
     def refuse(self, err: HandshakeRefused) -> HandshakeRefused:
-        """Answer with GOAWAY (the reason, code PROTOCOL); returns ``err`` for the caller to raise."""
-        self._out.append(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, err.reason)))
+        """Answer with GOAWAY (the refusal's text, code PROTOCOL); returns ``err`` for the caller to raise."""
+        self._out.append(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, err.text)))
         return self._refused(err)
 
     def fail(self, err: HandshakeRefused) -> HandshakeRefused:

@@ -5,9 +5,8 @@ No asyncio, no sockets, no clock of its own: the caller passes ``now`` (seconds,
 flow-control accounting, the heartbeat deadlines and the outgoing frames; raven/transport/ runs it over a
 WebSocket, and tests drive two of them against each other in memory.
 
-One stream's halves, their transition table and its flow accounts are raven/protocol/stream.py; here they are
-kept in a table and moved by frames in and calls out. A stream leaves the table when both halves are DONE or it
-was reset; ids are never reused.
+One stream's halves, transition table and flow accounts are in raven/protocol/stream.py; here they are kept in
+a table, moved by frames in and calls out, and leave it when both halves are DONE or reset (ids are never reused).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from raven.protocol.events import (
     CreditReceived,
     DatagramReceived,
     DataReceived,
+    EndCause,
     Event,
     HeadReceived,
     ProtocolViolation,
@@ -297,7 +297,7 @@ class Session:
         if self.state is SessionState.CLOSED:
             return []
         if self.state is not SessionState.ENDED:
-            self._end(reason, code, goaway=bool(code))
+            self._end(reason, code, EndCause.CLOSED, goaway=bool(code))
         self._set(SessionEvent.CLOSE)
         events, self._events = self._events, []
         return events
@@ -307,7 +307,7 @@ class Session:
         The transport closes next. Idempotent."""
         if self.state in OVER:
             return []
-        self._end(reason, 0, goaway=False)
+        self._end(reason, 0, EndCause.ABORTED, goaway=False)
         events, self._events = self._events, []
         return events
 
@@ -327,7 +327,7 @@ class Session:
             return []
         silent = now - self.last_rx
         if silent >= self.heartbeat_timeout:  # at the deadline (the transport's timer fires there) is too late
-            self._end(f"heartbeat timeout: peer silent for {silent:.1f}s", 0, goaway=False)
+            self._end(f"heartbeat timeout: peer silent for {silent:.1f}s", 0, EndCause.HEARTBEAT, goaway=False)
         elif now >= self._next_ping:
             self._ping_seq += 1
             self._ping_sent = (self._ping_seq, now)
@@ -366,7 +366,7 @@ class Session:
     def _on_error(self, err: wire.ProtocolError) -> None:
         self._events.append(ProtocolViolation(err.stream_id, err.reason))
         if err.stream_id == 0:
-            self._end(f"protocol error: {err.reason}", wire.ResetCode.PROTOCOL, goaway=True)
+            self._end(f"protocol error: {err.reason}", wire.ResetCode.PROTOCOL, EndCause.PROTOCOL, goaway=True)
             return
         if self.streams.pop(err.stream_id, None) is not None:
             self._events.append(StreamAborted(err.stream_id, err.code, err.reason, False))
@@ -377,7 +377,7 @@ class Session:
         except wire.ProtocolError as void:
             self._on_error(void)
 
-    def _end(self, reason: str, code: int, goaway: bool) -> None:
+    def _end(self, reason: str, code: int, cause: EndCause, goaway: bool) -> None:
         self.ended_from = self.state
         self._set(SessionEvent.END)
         self.close_reason = reason
@@ -390,7 +390,7 @@ class Session:
             events.append(StreamAborted(sid, wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", False))
             events.append(StreamClosed(sid))
         self.streams.clear()
-        events.append(SessionEnded(reason, code))
+        events.append(SessionEnded(reason, code, cause))
 
     def _remote_step(self, st: StreamState, step: Step) -> None:
         nxt = TRANSITIONS.get((st.remote, step))
@@ -460,7 +460,7 @@ class Session:
                 self.rtt = now - sent[1]
                 self._ping_sent = None
         elif isinstance(frame, wire.GoAway):
-            self._end(f"peer said goodbye: {frame.reason}", 0, goaway=False)
+            self._end(f"peer said goodbye: {frame.reason}", 0, EndCause.GOAWAY, goaway=False)
         else:
             if isinstance(frame, wire.Drain):
                 self._set(SessionEvent.PEER_DRAIN)

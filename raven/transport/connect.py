@@ -15,6 +15,7 @@ from aiohttp import web
 
 from raven.protocol import wire
 from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
+from raven.refusals import Reason
 from raven.transport.session import Session
 from raven.transport.websocket import WebSocketSink
 
@@ -33,7 +34,8 @@ async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, lim
             await ws.send_bytes(message)
         msg = await ws.receive()
     if msg.type != aiohttp.WSMsgType.BINARY:
-        raise hs.fail(f"gateway closed the tunnel during the handshake ({msg.type.name})")
+        raise hs.fail(HandshakeRefused(Reason.HANDSHAKE_CLOSED,
+                                       f"gateway closed the tunnel during the handshake ({msg.type.name})"))
     session_core, welcome = hs.receive_welcome(msg.data, asyncio.get_running_loop().time())
     return Session(WebSocketSink(ws), session_core, name=f"gw:{welcome.replica}"), welcome
 
@@ -52,11 +54,11 @@ async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.W
         async with asyncio.timeout(timeout):
             msg = await ws.receive_bytes()
     except TimeoutError:
-        err = hs.fail(HandshakeRefused(f"no HELLO within {timeout:.0f}s", "no-hello", answered=False))
+        err = hs.fail(HandshakeRefused(Reason.NO_HELLO, f"no HELLO within {timeout:.0f}s", answered=False))
         refused(err)
         raise err from None
     except (TypeError, ConnectionError) as exc:
-        err = hs.fail(HandshakeRefused(f"bad first message: {exc}", "bad-hello", answered=False))
+        err = hs.fail(HandshakeRefused(Reason.BAD_HELLO, f"bad first message: {exc}", answered=False))
         refused(err)
         raise err from None
     try:

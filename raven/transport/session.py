@@ -30,6 +30,7 @@ from raven.protocol.events import (
     CreditReceived,
     DatagramReceived,
     DataReceived,
+    EndCause,
     Event,
     HeadReceived,
     ProtocolViolation,
@@ -322,7 +323,7 @@ class Session:
                            ev.reason)
 
     def _on_ended(self, ev: SessionEnded) -> None:
-        if ev.reason.startswith("heartbeat timeout"):
+        if ev.cause is EndCause.HEARTBEAT:
             log.warning("session %s: %s (deadline %.1fs): closing", self.name, ev.reason, self.core.heartbeat_timeout)
         self._close_soon(ev.reason, ev.code)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from raven.errors import RavenError
+
 WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
 
@@ -22,8 +24,9 @@ class WebSocketSink:
         await self.ws.close()
 
 
-class TransportError(ConnectionError):
-    pass
+class TransportError(RavenError, ConnectionError):
+    """The WebSocket under a session broke (an error, or a message type a session does not carry). A
+    ``ConnectionError`` too: ``Session.run`` ends the session on it as on any lost connection."""
 
 
 class messages:

@@ -8,10 +8,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.handshake import HandshakeRefused
 from raven.protocol.state import SessionState
+from raven.refusals import Reason
 from raven.transport.connect import accept, connect
+from raven.transport.websocket import TransportError, messages
 
 HELLO = wire.Hello("agent-1", "0123456789abcdef", window=4096, max_streams=8, release="0.3.0")
 WELCOME = wire.Welcome(2, "gw-0", 2, heartbeat_interval=1.0, heartbeat_timeout=3.0, window=2048, max_streams=4)
@@ -60,11 +63,13 @@ async def test_connect_sends_hello_and_returns_an_open_session_named_after_the_r
 
 async def test_connect_refuses_a_goaway_and_a_closed_connection_with_the_reason() -> None:
     ws = ScriptedWS(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "session cap")))
-    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap"):
+    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap") as info:
         await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    assert info.value.reason is Reason.GATEWAY_REFUSED
     closed = ScriptedWS(aiohttp.WSMessage(aiohttp.WSMsgType.CLOSE, 1000, None))
-    with pytest.raises(HandshakeRefused, match=r"gateway closed the tunnel during the handshake \(CLOSE\)"):
+    with pytest.raises(HandshakeRefused, match=r"gateway closed the tunnel during the handshake \(CLOSE\)") as info:
         await connect(closed, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    assert info.value.reason is Reason.HANDSHAKE_CLOSED
 
 
 async def test_connect_waits_no_longer_than_its_deadline() -> None:
@@ -95,11 +100,12 @@ async def test_accept_tells_a_refusal_answers_goaway_and_raises() -> None:
     refusals: list[HandshakeRefused] = []
 
     def admit(hello: wire.Hello) -> wire.Welcome:
-        raise HandshakeRefused("agent-1 already holds 4 sessions", "agent-session-cap", key="agent-1")
+        raise HandshakeRefused(Reason.AGENT_SESSION_CAP, "agent-1 already holds 4 sessions", key="agent-1")
 
     with pytest.raises(HandshakeRefused) as info:
         await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
     assert refusals == [info.value] and info.value.answered and info.value.key == "agent-1"
+    assert info.value.label == "agent-session-cap"
     assert ws.sent == [wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "agent-1 already holds 4 sessions"))]
 
 
@@ -112,7 +118,8 @@ async def test_accept_refuses_a_first_message_that_is_not_hello() -> None:
 
     with pytest.raises(HandshakeRefused):
         await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
-    assert [r.label for r in refusals] == ["no-hello"] and len(ws.sent) == 1  # the GOAWAY
+    assert [r.reason for r in refusals] == [Reason.NO_HELLO] and len(ws.sent) == 1  # the GOAWAY
+    assert ws.sent == [wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, refusals[0].text))]
 
 
 @pytest.mark.parametrize("incoming", [None, aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None)])
@@ -126,4 +133,17 @@ async def test_accept_without_a_binary_hello_in_time_says_nothing_and_tells_why(
     with pytest.raises(HandshakeRefused):
         await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=0.05)  # type: ignore[arg-type]
     assert len(refusals) == 1 and not refusals[0].answered and ws.sent == []
-    assert refusals[0].label == ("no-hello" if incoming is None else "bad-hello")
+    assert refusals[0].reason is (Reason.NO_HELLO if incoming is None else Reason.BAD_HELLO)
+
+
+async def test_a_broken_websocket_ends_the_session_as_a_lost_connection() -> None:
+    """messages() raises TransportError for what a session does not carry: a RavenError (one hierarchy) and a
+    ConnectionError (Session.run ends on it like on any lost connection)."""
+    ws = ScriptedWS(wire.encode(WELCOME), aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None))
+    session, _ = await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    with pytest.raises(TransportError) as info:
+        await anext(messages(ws))  # type: ignore[arg-type]
+    assert isinstance(info.value, RavenError) and isinstance(info.value, ConnectionError)
+    ws.incoming.append(aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None))
+    await session.run(messages(ws))  # type: ignore[arg-type]
+    assert session.closed and session.close_reason == "connection lost: unexpected websocket message type TEXT"

@@ -7,6 +7,7 @@ import pytest
 
 from raven.protocol import handshake, wire
 from raven.protocol.handshake import HandshakeRefused
+from raven.refusals import Reason, Refusal, Where
 
 LIMITS = wire.DEFAULT_LIMITS
 
@@ -17,7 +18,7 @@ def test_the_newest_common_version_is_chosen() -> None:
     assert handshake.choose_version((2, 7), (1, 2)) == 2
     with pytest.raises(HandshakeRefused) as info:
         handshake.choose_version((7, 8), (1, 2))
-    assert info.value.label == "version" and "7" in info.value.reason
+    assert info.value.reason is Reason.VERSION and info.value.label == "version" and "7" in info.value.text
 
 
 def test_read_hello() -> None:
@@ -25,23 +26,39 @@ def test_read_hello() -> None:
     assert handshake.read_hello(wire.encode(hello), LIMITS) == hello
     with pytest.raises(HandshakeRefused) as info:
         handshake.read_hello(wire.encode(wire.Ping(1)), LIMITS)
-    assert info.value.label == "no-hello"
+    assert info.value.reason is Reason.NO_HELLO and info.value.label == "no-hello"
     with pytest.raises(HandshakeRefused) as info:
         handshake.read_hello(b"\xff\x00\x00", LIMITS)
-    assert info.value.label == "bad-hello"
+    assert info.value.reason is Reason.BAD_HELLO and info.value.label == "bad-hello"
 
 
 def test_read_welcome() -> None:
     welcome = wire.Welcome(2, "gw-0", 2, 5.0, 15.0)
     assert handshake.read_welcome(wire.encode(welcome), LIMITS) == welcome
-    with pytest.raises(HandshakeRefused, match="refused the session: full"):
-        handshake.read_welcome(wire.encode(wire.GoAway(wire.ResetCode.LIMIT, "full")), LIMITS)
-    with pytest.raises(HandshakeRefused, match="expected WELCOME"):
-        handshake.read_welcome(wire.encode(wire.Ping(1)), LIMITS)
-    with pytest.raises(HandshakeRefused, match="version 9"):
-        handshake.read_welcome(wire.encode(wire.Welcome(9, "gw-0", 1, 5.0, 15.0)), LIMITS)
-    with pytest.raises(HandshakeRefused, match="bad WELCOME"):
-        handshake.read_welcome(b"", LIMITS)
+    cases = [
+        (wire.encode(wire.GoAway(wire.ResetCode.LIMIT, "full")), Reason.GATEWAY_REFUSED, "refused the session: full"),
+        (wire.encode(wire.Ping(1)), Reason.NO_WELCOME, "expected WELCOME"),
+        (wire.encode(wire.Welcome(9, "gw-0", 1, 5.0, 15.0)), Reason.WELCOME_VERSION, "version 9"),
+        (b"", Reason.BAD_WELCOME, "bad WELCOME"),
+    ]
+    for message, reason, words in cases:
+        with pytest.raises(HandshakeRefused, match=words) as info:
+            handshake.read_welcome(message, LIMITS)
+        assert info.value.reason is reason and info.value.reason.where is Where.SESSION
+
+
+def test_a_refusal_is_labelled_by_its_code_never_its_text() -> None:
+    """The counter's label is the reason's: text that reads like another label (the old ``split(":")``
+    derivation would have counted ``session-cap`` here) does not change it."""
+    err = HandshakeRefused(Reason.AGENT_VERSION, "session-cap: agent a runs release 0.1.0", key="a")
+    assert isinstance(err, Refusal)
+    assert (err.label, err.status, err.text, str(err)) == ("agent-version", 400, err.text, err.text)
+    assert (err.key, err.answered) == ("a", True)
+    assert "AGENT_VERSION" in repr(err)
+    # A GOAWAY from the gateway carries whatever text it chose: the agent's code is still GATEWAY_REFUSED.
+    with pytest.raises(HandshakeRefused) as info:
+        handshake.read_welcome(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "version: x")), LIMITS)
+    assert info.value.reason is Reason.GATEWAY_REFUSED and info.value.label == "goaway"
 
 
 def test_each_side_sees_the_same_numbers_from_its_end() -> None:

@@ -7,7 +7,7 @@ from http import HTTPStatus
 
 import pytest
 
-from gateway.registry import RefusalText, Registry, refusal_label
+from gateway.registry import Registry, told
 from raven.errors import RavenError
 from raven.protocol import wire
 from raven.refusals import RESET_REASON, Reason, Refusal, Where, reset_reason
@@ -27,8 +27,11 @@ REGISTRATION_LABELS = {
 HANDSHAKE_LABELS = {
     "client certificate required", "unreadable client certificate", "not-an-agent-certificate",
     "gateway is draining", "no-hello", "bad-hello", "hello-agent-mismatch", "agent-session-cap", "session-cap",
-    "session-rate", "version", "agent-version",
+    "session-rate", "version", "agent-version", "register-rate", "routes-rate",
 }
+# The agent's side of the handshake: all counted as raven_agent_connect_attempts_total{result="refused"}; these
+# key its log lines.
+SESSION_LABELS = {"bad-welcome", "goaway", "unexpected-frame", "version", "closed", "stopping"}
 
 
 @pytest.mark.parametrize("reason", list(Reason), ids=lambda r: r.name)
@@ -51,6 +54,7 @@ def test_the_label_values_are_the_ones_the_counters_have() -> None:
     assert by_where[Where.AGENT] == AGENT_LABELS
     assert by_where[Where.REGISTRATION] == REGISTRATION_LABELS
     assert by_where[Where.HANDSHAKE] == HANDSHAKE_LABELS
+    assert by_where[Where.SESSION] == SESSION_LABELS
 
 
 def test_a_label_names_one_reason_per_counter_but_auth() -> None:
@@ -94,11 +98,11 @@ def test_registry_refusals_are_labelled_by_their_code_not_their_words() -> None:
     reg.add_session(a)
     _, refused = reg.register(a, [node("edge-1", "p"), node("edge-1", "p"), node("kube-dns", "p"),
                                   node("edge-2", "other"), node("edge-3", "p")])
-    reasons = {name: why.refusal.reason for name, why in refused}
+    reasons = {name: why.reason for name, why in refused}
     assert reasons == {"edge-1": Reason.DUPLICATE, "kube-dns": Reason.RESERVED_NAME,
                        "edge-2": Reason.POOL_NOT_ALLOWED, "edge-3": Reason.AGENT_NODE_CAP}
-    for _, why in refused:
-        assert isinstance(why, RefusalText) and why == why.refusal.text  # the agent is told the text
-        assert refusal_label(why) == why.refusal.reason.label
-    # Words alone (text that did not come from the registry) are not searched for a label.
-    assert refusal_label("listed twice in one registration") == "other"
+    assert all(isinstance(why, Refusal) and why.label == why.reason.label for _, why in refused)
+    # The agent is told the text; the wire carries words, never the code.
+    assert told(refused) == [(name, why.text) for name, why in refused]
+    (answer,) = wire.split_registered([], told(refused))
+    assert answer.refused == tuple((name, why.text) for name, why in refused)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway.registry import AgentSession, Registry
+from gateway.registry import AgentSession, Registry, told
 from raven.protocol import wire
+from raven.refusals import Reason, Where
 
 
 class FakeSession:
@@ -35,13 +36,13 @@ def test_register_refuses_pool_outside_certificate_and_foreign_claims() -> None:
     accepted, refused = reg.register(a, [node("edge-a-1", "pool-a"), node("edge-b-1", "pool-b"),
                                          node("Bad_Name", "pool-a")])
     assert accepted == ["edge-a-1"]
-    reasons = dict(refused)
+    reasons = dict(told(refused))
     assert "not in this agent's certificate (allowed: pool-a)" in reasons["edge-b-1"]
     assert "RFC 1123" in reasons["Bad_Name"]
     a2 = agent("a2", {"pool-a", "pool-b"})
     reg.add_session(a2)
     _, refused = reg.register(a2, [node("edge-b-1", "pool-a")])
-    assert "already registered by pool 'pool-b' (agents: b1)" in refused[0][1]
+    assert "already registered by pool 'pool-b' (agents: b1)" in refused[0][1].text
 
 
 def test_removing_an_old_session_keeps_the_newer_one() -> None:
@@ -53,9 +54,10 @@ def test_removing_an_old_session_keeps_the_newer_one() -> None:
     assert reg.add_session(new) is old
     reg.register(new, [node("edge-1", "pool-a")])
     assert reg.remove_session(old) is False
-    assert reg.lookup("edge-1").entry is not None and reg.lookup("edge-1").reason == ""
+    assert reg.lookup("edge-1").entry is not None and reg.lookup("edge-1").refusal is None
     assert reg.remove_session(new) is True
-    assert "no agent connected" in reg.lookup("edge-1").reason
+    refusal = reg.lookup("edge-1").refusal
+    assert refusal is not None and refusal.reason is Reason.UNAVAILABLE and "no agent connected" in refusal.text
 
 
 def test_reregistration_replaces_the_node_set() -> None:
@@ -86,7 +88,8 @@ def test_select_prefers_usable_and_least_loaded() -> None:
     assert reg.select(entry) is idle
     assert reg.select(entry, exclude=[idle]) is busy
     assert reg.select(entry, exclude=[idle, busy]) is None
-    assert reg.lookup("edge-2").entry is None
+    unknown = reg.lookup("edge-2")
+    assert unknown.entry is None and unknown.refusal is not None and unknown.refusal.reason is Reason.UNKNOWN_NODE
 
 
 def test_pool_binding_survives_a_blip_and_reserved_names_are_refused() -> None:
@@ -100,7 +103,7 @@ def test_pool_binding_survives_a_blip_and_reserved_names_are_refused() -> None:
     accepted, refused = reg.register(rogue, [node("edge-b-1", "pool-a"), node("kubernetes", "pool-a"),
                                              node("db.default.svc", "pool-a"), node("x.cluster.local", "pool-a")])
     assert accepted == []
-    reasons = dict(refused)
+    reasons = dict(told(refused))
     assert "bound to pool 'pool-b'" in reasons["edge-b-1"]
     assert all("reserved name" in reasons[n] for n in ("kubernetes", "db.default.svc", "x.cluster.local"))
     # pool-b comes back and gets its node again.
@@ -119,7 +122,7 @@ def test_registration_is_capped() -> None:
     reg.add_session(a)
     accepted, refused = reg.register(a, [node(f"edge-{i}", "p") for i in range(5)])
     assert len(accepted) == 2 and len(refused) == 3
-    assert "agent a1 may register at most 2 nodes" in refused[0][1]
+    assert "agent a1 may register at most 2 nodes" in refused[0][1].text
 
 
 def test_the_node_cap_counts_per_agent_identity_not_per_session() -> None:
@@ -150,13 +153,13 @@ def test_total_node_cap_and_hosts_budget() -> None:
     reg.add_session(b)
     assert len(reg.register(a, [node(f"edge-a-{j}", "p") for j in range(3)])[0]) == 3
     accepted, refused = reg.register(b, [node(f"edge-b-{j}", "p") for j in range(3)])
-    assert len(accepted) == 1 and "max_nodes_total" in refused[0][1]
+    assert len(accepted) == 1 and "max_nodes_total" in refused[0][1].text
     # The hosts file budget: each name costs len(name) + 12 bytes here; room for exactly two names.
     reg = Registry(hosts_budget=2 * (len("edge-0") + 12), hosts_cost=lambda n: len(n) + 12)
     reg.add_session(a)
     accepted, refused = reg.register(a, [node(f"edge-{j}", "p") for j in range(3)])
     assert accepted == ["edge-0", "edge-1"]
-    assert "the hosts file would exceed" in refused[0][1]
+    assert "the hosts file would exceed" in refused[0][1].text
     reg.register(a, [node("edge-0", "p")])  # edge-1 withdrawn: its bytes come back
     assert reg.register(a, [node("edge-0", "p"), node("edge-2", "p")])[1] == []
 
@@ -186,11 +189,11 @@ def test_node_objects_are_the_authority_for_pools() -> None:
     reg.add_session(a)
     accepted, refused = reg.register(a, [node("edge-1", "pool-a"), node("ghost-1", "pool-a")])
     assert accepted == ["edge-1"]
-    assert "no edge Node object" in dict(refused)["ghost-1"]
+    assert "no edge Node object" in dict(told(refused))["ghost-1"]
     wide = agent("w1", {"pool-a", "pool-b"})
     reg.add_session(wide)
     _, refused = reg.register(wide, [node("other-1", "pool-a")])
-    assert "the Node object puts it in pool 'pool-b'" in refused[0][1]
+    assert "the Node object puts it in pool 'pool-b'" in refused[0][1].text
 
 
 def test_an_agent_cannot_erase_nodes_that_another_agent_lists() -> None:
@@ -226,7 +229,7 @@ def test_dotted_names_need_an_allowed_suffix_or_a_node_object() -> None:
     accepted, refused = reg.register(a, [node("registry.k8s.io", "p"), node("gpu-1.edge.example.com", "p"),
                                          node("gpu-2", "p")])
     assert accepted == ["gpu-1.edge.example.com", "gpu-2"]
-    assert "dotted names can only be claimed" in refused[0][1]
+    assert "dotted names can only be claimed" in refused[0][1].text
 
 
 def test_node_objects_arriving_late_reevaluate_and_evict_wrong_claims() -> None:
@@ -237,10 +240,10 @@ def test_node_objects_arriving_late_reevaluate_and_evict_wrong_claims() -> None:
         reg.add_session(s)
     reg.register(rogue, [node("gpu-a-1", "pool-b")])  # before any authority: accepted
     _, refused = reg.register(owner, [node("gpu-a-1", "pool-a")])
-    assert "already registered by pool 'pool-b'" in refused[0][1]
+    assert "already registered by pool 'pool-b'" in refused[0][1].text
     results = {s.agent: (acc, ref) for s, acc, ref in reg.set_authority({"gpu-a-1": "pool-a"})}
     assert results["a1"] == (["gpu-a-1"], [])
-    assert "the Node object puts it in pool 'pool-a'" in results["b1"][1][0][1]
+    assert "the Node object puts it in pool 'pool-a'" in results["b1"][1][0][1].text
     entry = reg.lookup("gpu-a-1").entry
     assert entry is not None and entry.pool == "pool-a" and entry.sessions == [owner]
     assert reg.set_authority({"gpu-a-1": "pool-a"}) == []  # unchanged: nothing re-evaluated
@@ -257,20 +260,20 @@ def test_an_address_that_is_not_an_ip_or_host_name_is_refused() -> None:
     accepted, refused = reg.register(a, ok + bad)
     assert accepted == ["n1", "n2", "n3"]
     assert [n for n, _ in refused] == ["n4", "n5", "n6", "n7"]
-    assert all(r.startswith("address is not an IP address or host name") for _, r in refused)
+    assert all(r.reason is Reason.INVALID_ADDRESS for _, r in refused)
+    assert all(r.text.startswith("address is not an IP address or host name") for _, r in refused)
 
 
 def test_every_refusal_has_a_fixed_label() -> None:
-    from gateway.registry import refusal_label
-
     reg = Registry(max_nodes_per_agent=1, hosts_budget=10, hosts_cost=lambda n: 100)
     a = agent("a1", {"p"})
     reg.add_session(a)
     infos = [node("edge-1", "p"), node("edge-1", "p"), node("Bad_Name!", "p"), node("x.local", "p"),
              node("edge-2", "other"), wire.NodeInfo("edge-3", "not an address!", "p")]
     _, refused = reg.register(a, infos)
-    labels = {refusal_label(reason) for _, reason in refused}
-    assert "other" not in labels, refused
+    assert {r.reason for _, r in refused} == {Reason.HOSTS_BUDGET, Reason.INVALID_NAME, Reason.RESERVED_SUFFIX,
+                                              Reason.POOL_NOT_ALLOWED, Reason.INVALID_ADDRESS}, refused
+    assert all(r.reason.where is Where.REGISTRATION and r.label == r.reason.label for _, r in refused)
 
 
 def test_a_node_whose_agents_left_stays_a_discovery_target_while_bound(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from raven.protocol import handshake, wire
 from raven.protocol.events import (
     DatagramReceived,
     DataReceived,
+    EndCause,
     HeadReceived,
     ProtocolViolation,
     SessionEnded,
@@ -16,6 +17,7 @@ from raven.protocol.events import (
     StreamOpened,
 )
 from raven.protocol.session import TRANSITIONS, Half, LocalProtocolError, Session, Step
+from raven.refusals import Reason
 
 
 def pair(version: int = 2) -> tuple[Session, Session]:
@@ -101,6 +103,7 @@ def test_heartbeat_is_driven_by_the_clock_it_is_given() -> None:
     assert gw.next_deadline() == pytest.approx(102.0)
     events = gw.tick(104.5)  # silent for more than 3 s
     assert isinstance(events[-1], SessionEnded) and "heartbeat timeout" in events[-1].reason
+    assert events[-1].cause is EndCause.HEARTBEAT  # the code the transport's log line is chosen by
     assert gw.closed and gw.data_to_send() == []  # a silent peer gets no GOAWAY
 
 
@@ -110,6 +113,7 @@ def test_session_error_answers_goaway_and_aborts_every_stream() -> None:
     relay(gw, ag)
     events = ag.receive(b"\x00\x00\x00\x02zz", 0.0)  # a frame length below the header size
     assert [type(e) for e in events] == [ProtocolViolation, StreamAborted, StreamClosed, SessionEnded]
+    assert isinstance(events[-1], SessionEnded) and events[-1].cause is EndCause.PROTOCOL
     assert ag.closed and not ag.alive(sid)
     goaway = wire.decode(wire.split_batch(ag.data_to_send()[0])[0])
     assert isinstance(goaway, wire.GoAway) and goaway.code == wire.ResetCode.PROTOCOL
@@ -120,7 +124,7 @@ def test_versions_are_negotiated_to_the_newest_common_one() -> None:
     assert handshake.choose_version([1]) == 1
     with pytest.raises(handshake.HandshakeRefused) as info:
         handshake.choose_version([7])
-    assert "agent speaks [7]" in info.value.reason
+    assert info.value.reason is Reason.VERSION and "agent speaks [7]" in info.value.text
     hello = wire.Hello("a", "s", (1,), window=1000, max_streams=5)
     welcome = wire.Welcome(1, "r", 1, 5.0, 15.0, window=2000, max_streams=9)
     gw_side, ag_side = handshake.gateway_side(hello, welcome), handshake.agent_side(hello, welcome)
@@ -181,6 +185,7 @@ def test_a_peer_flooding_frames_that_do_nothing_is_cut_off() -> None:
     assert not ag.closed
     events = ag.receive(burst, 0.0)
     assert ag.closed and isinstance(events[-1], SessionEnded) and "do nothing" in events[-1].reason
+    assert events[-1].cause is EndCause.PROTOCOL
     gw2, ag2 = pair()
     sid2 = gw2.open_stream(op(fin=False))
     relay(gw2, ag2)

@@ -9,7 +9,7 @@ import pytest
 
 from raven.protocol import wire
 from raven.protocol.control import ControlDispatcher
-from raven.protocol.events import SessionEnded
+from raven.protocol.events import EndCause, SessionEnded
 from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
 from raven.protocol.session import LocalProtocolError, Session
 from raven.protocol.state import (
@@ -21,6 +21,7 @@ from raven.protocol.state import (
     SessionStateError,
     next_state,
 )
+from raven.refusals import Reason
 
 S, E = SessionState, SessionEvent
 
@@ -80,7 +81,7 @@ def test_the_core_moves_along_the_table_drain_then_end_then_close() -> None:
     gw.receive(wire.encode(wire.Drain("agent stopping")), 1.0)  # version 1: one frame per message
     assert state(gw) is S.DRAINING and gw.peer_draining and not gw.usable and not gw.closed
     events = gw.receive(wire.encode(wire.GoAway(0, "bye")), 2.0)
-    assert isinstance(events[-1], SessionEnded)
+    assert isinstance(events[-1], SessionEnded) and events[-1].cause is EndCause.GOAWAY
     assert state(gw) is S.ENDED and gw.closed and gw.peer_draining  # it ended while the peer drained
     assert gw.close() == [] and state(gw) is S.CLOSED
     assert gw.close() == [] and state(gw) is S.CLOSED  # idempotent
@@ -93,6 +94,7 @@ def test_a_local_abort_ends_the_protocol_and_aborts_streams_without_goaway() -> 
     events = gw.abort("peer not reading")
     assert gw.state is S.ENDED and not gw.alive(sid) and not gw.peer_draining
     assert isinstance(events[-1], SessionEnded) and events[-1].reason == "peer not reading"
+    assert events[-1].cause is EndCause.ABORTED
     assert gw.data_to_send() == [] and gw.abort("again") == []
 
 
@@ -120,23 +122,24 @@ def test_handshake_agent_and_gateway_agree_and_hand_over_open_sessions() -> None
 def test_a_refused_handshake_answers_goaway_and_ends() -> None:
     server = ServerHandshake(wire.DEFAULT_LIMITS)
     server.receive_hello(wire.encode(wire.Hello("agent-1", "s1")))
-    err = server.refuse(HandshakeRefused("session cap", "session-cap"))
+    err = server.refuse(HandshakeRefused(Reason.SESSION_CAP, "session cap"))
     assert state(server) is S.ENDED and err.label == "session-cap"
     (goaway,) = server.data_to_send()
     assert goaway == wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "session cap"))
     client = ClientHandshake(wire.Hello("agent-1", "s1"))
-    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap"):
+    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap") as info:
         client.receive_welcome(goaway, now=0.0)
+    assert info.value.reason is Reason.GATEWAY_REFUSED
     assert state(client) is S.ENDED
     with pytest.raises(SessionStateError):
-        client.fail("closed")  # ENDED already: the table refuses a second end
+        client.fail(HandshakeRefused(Reason.HANDSHAKE_CLOSED, "closed"))  # ENDED already: no second end
 
 
 def test_a_first_message_that_is_not_hello_is_refused() -> None:
     server = ServerHandshake(wire.DEFAULT_LIMITS)
     with pytest.raises(HandshakeRefused) as info:
         server.receive_hello(wire.encode(wire.Ping(1)))
-    assert info.value.label == "no-hello"
+    assert info.value.reason is Reason.NO_HELLO and info.value.label == "no-hello"
     with pytest.raises(LocalProtocolError):
         ServerHandshake(wire.DEFAULT_LIMITS).accept(wire.Welcome(2, "gw", 1, 1.0, 3.0), now=0.0)  # no HELLO yet
 

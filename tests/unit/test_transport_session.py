@@ -147,7 +147,7 @@ async def test_protocol_error_on_unknown_stream_and_garbage() -> None:
         await _close_all(gw, ag, tasks=tasks)
 
 
-async def test_heartbeat_deadline_closes_silent_session() -> None:
+async def test_heartbeat_deadline_closes_silent_session(caplog: pytest.LogCaptureFixture) -> None:
     to_nowhere: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     class Sink:
@@ -161,6 +161,8 @@ async def test_heartbeat_deadline_closes_silent_session() -> None:
     s.start()
     await asyncio.wait_for(s.wait_closed(), 3)
     assert "heartbeat timeout" in s.close_reason
+    # Chosen by the end's cause (EndCause.HEARTBEAT), not by the words: the line names the deadline.
+    assert any(r.name == "raven.session" and "(deadline 0.3s): closing" in r.getMessage() for r in caplog.records)
 
 
 class _StuckSink:

@@ -1,0 +1,88 @@
+"""The gateway's admission of a HELLO (gateway/tunnel.py) without sockets: each refusal's code, and the
+handshake counter labelled from it, never from the text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.registry import AgentSession, Registry
+from gateway.tunnel import Claim, TunnelEndpoint
+from raven.config import GatewayConfig
+from raven.ops.metrics import GatewayMetrics
+from raven.protocol import wire
+from raven.protocol.handshake import HandshakeRefused
+from raven.refusals import Reason, Where
+
+CLAIM = Claim("agent-1", "agent-1", frozenset({"pool-a"}), ())
+
+
+def endpoint(tmp_path: Path, **tree: object) -> TunnelEndpoint:
+    for name in ("cert", "key", "ca"):
+        (tmp_path / name).write_text("x")
+    tls = {"cert": str(tmp_path / "cert"), "key": str(tmp_path / "key"), "ca": str(tmp_path / "ca")}
+    cfg = GatewayConfig.model_validate({"tls": tls, "front": {"listen": "127.0.0.1:1"}, **tree})
+    return TunnelEndpoint(cfg, Registry(), GatewayMetrics())
+
+
+def hello(agent: str = "agent-1", versions: tuple[int, ...] = wire.SUPPORTED_VERSIONS,
+          release: str = "0.3.0") -> wire.Hello:
+    return wire.Hello(agent, "0123456789abcdef", versions, release=release)
+
+
+def refused(tunnel: TunnelEndpoint, h: wire.Hello) -> HandshakeRefused:
+    with pytest.raises(HandshakeRefused) as info:
+        tunnel._admit(CLAIM, "192.0.2.1", h)
+    assert info.value.reason.where is Where.HANDSHAKE and info.value.answered
+    return info.value
+
+
+def failures(tunnel: TunnelEndpoint, label: str) -> float:
+    value = tunnel.metrics.registry.get_sample_value("raven_gateway_handshake_failures_total", {"reason": label})
+    return value or 0.0
+
+
+def test_an_admitted_hello_is_welcomed(tmp_path: Path) -> None:
+    welcome = endpoint(tmp_path)._admit(CLAIM, "192.0.2.1", hello())
+    assert welcome.version == max(wire.SUPPORTED_VERSIONS)
+
+
+def test_each_refusal_has_its_code(tmp_path: Path) -> None:
+    tunnel = endpoint(tmp_path, tunnel={"min_agent_version": "0.3.0"}, session_burst=2,
+                      session_rate=0.001)
+    err = refused(tunnel, hello(agent="agent-2"))
+    assert (err.reason, err.key) == (Reason.HELLO_AGENT_MISMATCH, "192.0.2.1")
+    err = refused(tunnel, hello(versions=(99,)))
+    assert err.reason is Reason.VERSION and err.text.endswith("(see docs/skew.md)") and err.key == "agent-1"
+    err = refused(tunnel, hello(release="0.2.0"))
+    assert err.reason is Reason.AGENT_VERSION and "tunnel.min_agent_version" in err.text
+    err = refused(tunnel, hello())  # the burst of 2 went to the two HELLOs before
+    assert err.reason is Reason.SESSION_RATE
+
+
+def test_session_caps_are_refused_with_their_codes(tmp_path: Path) -> None:
+    tunnel = endpoint(tmp_path, max_sessions_per_agent=1, max_sessions_total=2)
+    fake: object = object()
+    tunnel.registry.add_session(AgentSession("agent-1", "s1", CLAIM.pools, fake))  # type: ignore[arg-type]
+    assert refused(tunnel, hello()).reason is Reason.AGENT_SESSION_CAP
+    tunnel.registry.add_session(AgentSession("agent-9", "s9", CLAIM.pools, fake))  # type: ignore[arg-type]
+    tunnel.cfg = tunnel.cfg.model_copy(update={"max_sessions_per_agent": 5})
+    assert refused(tunnel, hello()).reason is Reason.SESSION_CAP
+
+
+def test_the_counter_is_labelled_by_the_code(tmp_path: Path) -> None:
+    tunnel = endpoint(tmp_path)
+    # Text that reads like another label: counted under the reason's label all the same.
+    tunnel._refused(CLAIM, "192.0.2.1", HandshakeRefused(Reason.SESSION_RATE, "session-cap: words"))
+    assert (failures(tunnel, "session-rate"), failures(tunnel, "session-cap")) == (1.0, 0.0)
+    # A HELLO that never came is logged, not counted.
+    tunnel._refused(CLAIM, "192.0.2.1", HandshakeRefused(Reason.NO_HELLO, "no HELLO within 10s", answered=False))
+    assert failures(tunnel, "no-hello") == 0.0
+
+
+def test_a_refused_upgrade_is_answered_with_the_reasons_status(tmp_path: Path) -> None:
+    tunnel = endpoint(tmp_path)
+    resp = tunnel._refuse("192.0.2.1", Reason.UNREADABLE_CLIENT_CERTIFICATE, "unreadable client certificate: bad")
+    assert (resp.status, resp.text) == (403, "unreadable client certificate: bad\n")
+    assert failures(tunnel, "unreadable client certificate") == 1.0
