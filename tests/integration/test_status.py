@@ -70,7 +70,7 @@ async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tm
     out = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token))
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert f"gateway gw-1 (replica of 1, release {__version__}, tunnel protocol 1,2)" in text and "ready" in text
+    assert f"gateway gw-1 (replica of 1, release {__version__}, tunnel protocol 1,2,3)" in text and "ready" in text
     for agent in ("agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1"):
         row = next(x for x in text.splitlines() if agent in x).split()
         assert row[1:5] == ["tunnel", agent, __version__, "2"], row  # each agent's release and agreed protocol
@@ -123,7 +123,7 @@ async def test_status_page_in_a_real_browser(seen: Seen, tmp_path: Path) -> None
     assert "<h1>Raven gateway gw-1</h1>" in dom, err.decode()[-2000:]
     for text in ("pool-a", "pool-b", "agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1", "st-a-1", "st-a-2"):
         assert text in dom
-    assert f"release {__version__}, tunnel protocol 1,2" in dom  # the gateway's release, and each agent's
+    assert f"release {__version__}, tunnel protocol 1,2,3" in dom  # the gateway's release, and each agent's
     assert dom.count(f"{__version__}, protocol 2, session") == 3
     row = dom[dom.index("<td>st-b-1</td>"):]
     row = row[: row.index("</tr>")]
