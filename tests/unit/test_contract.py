@@ -153,7 +153,8 @@ def test_as_sent_writes_the_terms_as_the_version_says() -> None:
         assert (old.stream_id, old.fields) == (5, None)
         assert old.headers == (("Host", "edge-1:9400"), (DEADLINE_HEADER, "2500"),
                                (CLIENT_HEADER, "0123456789abcdef"), (COMPRESS_HEADER, "0"))
-        assert terms_of(wire.decode(wire.encode(old))) == TERMS
+        received = wire.decode(wire.encode(old))
+        assert isinstance(received, Open) and terms_of(received) == TERMS
     new = as_sent(frame, 5, FIELDS_FROM)
     assert (new.stream_id, new.fields, new.headers) == (5, TERMS, (("Host", "edge-1:9400"),))
     # An OPEN given without terms is sent with all of them unset (the agent's own then apply).
