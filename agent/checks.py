@@ -22,9 +22,6 @@ MAX_TARGET = 8192
 # spaces; no fragment, no backslash (some servers read it as '/').
 # The query may also hold "[" and "]" as clients send them unencoded (Prometheus's params such as collect[]).
 _ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=@A-Z_a-z~%]*(\?[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%\[\]]*)?")
-# Headers from the gateway that never reach the node: hop-by-hop ones, Raven's own (raven.protocol's one filter)
-# and the framing (the agent's HTTP client frames the body it sends itself; a gateway must not choose the framing).
-
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -79,4 +76,6 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
     # Belt and braces: whatever the target held, the URL goes to the inventory address and allowed port only.
     if url.host != address.strip("[]") or url.port != frame.port or url.user is not None:
         raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} would leave node {node!r}")
+    # Headers from the gateway that never reach the node: hop-by-hop ones, Raven's own (raven.protocol's one filter)
+    # and the framing (the agent's HTTP client frames the body it sends itself; a gateway must not choose it).
     return Request(url, address, filter_headers(frame.headers, FRAMING), timeout, client, terms.uplink_free)
