@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from raven.protocol import wire
-from raven.protocol.headers import CLIENT_HEADER, DEADLINE_HEADER, FRAMING, HOP_BY_HOP, RAVEN_PREFIX
+from raven.protocol import FRAMING, filter_headers, terms_of, wire
 from raven.refusals import Reason, Refusal
 
 MAX_TARGET = 8192
@@ -23,11 +22,6 @@ MAX_TARGET = 8192
 # spaces; no fragment, no backslash (some servers read it as '/').
 # The query may also hold "[" and "]" as clients send them unencoded (Prometheus's params such as collect[]).
 _ORIGIN_FORM = re.compile(r"/(?!/)[!$&'()*+,\-./0-9:;=@A-Z_a-z~%]*(\?[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%\[\]]*)?")
-# Headers from the gateway that never reach the node: hop-by-hop ones and the framing (the agent's HTTP client
-# frames the body it sends itself; a gateway must not choose the framing). Raven's own are consumed.
-_DROP = HOP_BY_HOP | FRAMING
-_CLIENT_KEY = re.compile(r"[A-Za-z0-9_-]{1,32}")
-
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -38,6 +32,7 @@ class Request:
     headers: wire.Headers  # without Raven's own and without framing headers
     timeout: float  # the gateway's deadline (never longer than the agent's own)
     client: str  # fairness key ("-" when the gateway sent none)
+    uplink_free: bool = False  # the gateway says the pool's uplink is free: no gzip under compress "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +55,13 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
             raise Refusal(Reason.AGENT_CONNECT, "CONNECT (raw TCP) is not enabled on this agent")
     elif frame.method not in policy.allowed_methods:
         raise Refusal(Reason.AGENT_METHOD, f"method {frame.method[:20]!r} is not allowed on this agent")
-    timeout, client, headers = _split_headers(frame.headers, policy.default_timeout)
+    # The gateway's terms (OPEN's fields from version 3, else its x-raven-* headers), within the agent's bounds: a
+    # deadline no longer than its own timeout, a key the codec has bounded.
+    terms = terms_of(frame)
+    timeout = policy.default_timeout
+    if terms.deadline_ms:
+        timeout = min(timeout, max(0.001, terms.deadline_ms / 1000))
+    client = terms.client or "-"
     if frame.kind == wire.StreamKind.TCP:
         return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (), timeout, client)
     target = frame.target
@@ -75,21 +76,6 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
     # Belt and braces: whatever the target held, the URL goes to the inventory address and allowed port only.
     if url.host != address.strip("[]") or url.port != frame.port or url.user is not None:
         raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} would leave node {node!r}")
-    return Request(url, address, headers, timeout, client)
-
-
-def _split_headers(headers: wire.Headers, default_timeout: float) -> tuple[float, str, wire.Headers]:
-    timeout = default_timeout
-    client = "-"
-    kept = []
-    for name, value in headers:
-        low = name.lower()
-        if low == DEADLINE_HEADER:
-            if value.isascii() and value.isdigit() and len(value) <= 9:
-                timeout = min(timeout, max(0.001, int(value) / 1000))
-        elif low == CLIENT_HEADER:
-            if _CLIENT_KEY.fullmatch(value):
-                client = value
-        elif not low.startswith(RAVEN_PREFIX) and low not in _DROP:
-            kept.append((name, value))
-    return timeout, client, tuple(kept)
+    # Headers from the gateway that never reach the node: hop-by-hop ones, Raven's own (raven.protocol's one filter)
+    # and the framing (the agent's HTTP client frames the body it sends itself; a gateway must not choose it).
+    return Request(url, address, filter_headers(frame.headers, FRAMING), timeout, client, terms.uplink_free)

@@ -6,7 +6,7 @@ about fifteenfold at zlib level 1, in well under a tenth of a millisecond. Prome
 exporter's bytes.
 
 When (:func:`plan`): the agent's ``compress`` setting is ``always``, or ``auto`` and the gateway did not say
-the pool's uplink is free (``x-raven-compress: 0``, from the gateway's ``pools.<pool>.compress``); the client
+the pool's uplink is free (a hint of the OPEN's terms, from the gateway's ``pools.<pool>.compress``); the client
 accepts gzip (``Accept-Encoding``: ``gzip``/``x-gzip`` or ``*`` with a q-value above 0); the request is not
 HEAD; the status carries a body (not 1xx, 204, 206, 304); the node did not encode the body itself (no
 ``Content-Encoding`` other than ``identity``: nothing is compressed twice); it did not forbid changes
@@ -36,7 +36,6 @@ except ImportError:  # a platform without its wheel: the standard library's zlib
     deflate = zlib  # type: ignore[misc]
 
 from raven.protocol import wire
-from raven.protocol.headers import COMPRESS_HEADER
 
 Mode = Literal["auto", "always", "never"]
 LEVEL = 1  # on exporter text, level 1 is within a few per cent of level 6's size at a third of the CPU (either library)
@@ -75,15 +74,15 @@ def _values(headers: wire.Headers, name: str) -> list[str]:
 
 
 def plan(mode: Mode, method: str, status: int, request_headers: wire.Headers,
-         response_headers: wire.Headers) -> tuple[Gzip | None, wire.Headers]:
+         response_headers: wire.Headers, uplink_free: bool = False) -> tuple[Gzip | None, wire.Headers]:
     """Whether to gzip this response, and the head to send: ``(Gzip(), new head)`` or ``(None, head unchanged)``.
 
-    ``request_headers`` are the OPEN's (with the gateway's ``x-raven-compress`` hint), ``response_headers`` the
-    node's (hop-by-hop ones already dropped).
+    ``request_headers`` are the request's, ``response_headers`` the node's (hop-by-hop ones already dropped);
+    ``uplink_free`` the gateway's hint (raven.protocol.terms_of: the pool's uplink is free).
     """
     if mode == "never" or method == "HEAD" or status < 200 or status in _NO_BODY_STATUS:
         return None, response_headers
-    if mode == "auto" and any(v.strip() == "0" for v in _values(request_headers, COMPRESS_HEADER)):
+    if mode == "auto" and uplink_free:
         return None, response_headers
     if not accepts_gzip(_values(request_headers, "accept-encoding")):
         return None, response_headers

@@ -34,8 +34,7 @@ from agent.upstream import (
 from raven.aio import cancel_and_wait
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
-from raven.protocol import wire
-from raven.protocol.headers import HOP_BY_HOP
+from raven.protocol import filter_headers, wire
 from raven.refusals import Reason, Refusal
 from raven.transport.session import Stream, StreamReset
 
@@ -43,13 +42,9 @@ log = logging.getLogger("raven.agent.forwarder")
 
 
 def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
-    out = []
-    for name_b, value_b in raw:
-        name = name_b.decode("latin-1")
-        if name.lower() in HOP_BY_HOP:
-            continue
-        out.append((name, value_b.decode("latin-1")))
-    return tuple(out)
+    """The node's response headers as the HEAD carries them: raven.protocol's one filter (no hop-by-hop, none a
+    Connection header names, none of Raven's own)."""
+    return filter_headers([(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw])
 
 
 class Forwarder:
@@ -277,8 +272,8 @@ class Forwarder:
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN, f"node {frame.node} {odd}")
                     return
                 code = str(resp.status)
-                gz, head = compress.plan(self.compress_mode, frame.method, resp.status, frame.headers,
-                                         _response_headers(resp.headers))
+                gz, head = compress.plan(self.compress_mode, frame.method, resp.status, req.headers,
+                                         _response_headers(resp.headers), req.uplink_free)
                 stream.send_head(resp.status, resp.reason, head)
                 sent = chunks = 0
                 try:

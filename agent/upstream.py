@@ -58,7 +58,7 @@ from agent.upstreamconn import (
     UpstreamError,
     request_head,
 )
-from raven.protocol.headers import IDEMPOTENT
+from raven.protocol import IDEMPOTENT
 
 __all__ = [
     "IDLE_TIMEOUT",

@@ -30,7 +30,7 @@ from gateway.admission import Admission, Exchange
 from gateway.auth import FrontAuth
 from gateway.pools import Pools
 from gateway.registry import AgentSession, Registry
-from gateway.request import check_header_block, client_key, content_length, filter_headers, header_safe
+from gateway.request import check_header_block, client_key, content_length, header_safe
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.config import GatewayFront
@@ -38,8 +38,16 @@ from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
-from raven.protocol import wire
-from raven.protocol.headers import CLIENT_HEADER, COMPRESS_HEADER, DEADLINE_HEADER, FORWARDED, IDEMPOTENT
+from raven.protocol import (
+    FORWARDED,
+    IDEMPOTENT,
+    MAX_DEADLINE_MS,
+    Open,
+    OpenFields,
+    filter_headers,
+    legacy_headers,
+    wire,
+)
 from raven.refusals import Reason, Refusal, reset_reason
 from raven.transport.listener import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
@@ -47,7 +55,7 @@ from raven.transport.session import Stream, StreamReset
 log = logging.getLogger("raven.gateway.proxy")
 
 # A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
-_DROP = FORWARDED | {"host"}
+_DROP = FORWARDED | {"host", "expect"}
 _DROP_WITH_AUTH = _DROP | {"authorization"}
 
 @dataclass(slots=True)
@@ -258,19 +266,21 @@ class Proxy:
         # Host-header mode with credentials: the bearer token is for the gateway, never for the node.
         drop = _DROP_WITH_AUTH if self.auth.enabled and not proxy_mode else _DROP
         headers = filter_headers(request.headers.items(), drop)
-        remaining_ms = max(1, int((ex.deadline - time.monotonic()) * 1000))
         headers = (
             ("Host", f"{target.node}:{target.port}"), *headers,
             ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https" if request.secure else "http"),
-            (DEADLINE_HEADER, str(remaining_ms)), (CLIENT_HEADER, client_key(client)),
         )
-        if self.pools is not None and not self.pools.compress(ex.pool):
-            headers = (*headers, (COMPRESS_HEADER, "0"))  # this pool's uplink is free: the agent sends as is
-        check_header_block(headers, wire.DEFAULT_LIMITS)
+        # The request's terms: OPEN's fields from protocol version 3, x-raven-* headers to an older agent (the
+        # session of the agent chosen writes them so, raven/protocol/terms.py).
+        fields = OpenFields(
+            deadline_ms=min(MAX_DEADLINE_MS, max(1, int((ex.deadline - time.monotonic()) * 1000))),
+            client=client_key(client),
+            uplink_free=self.pools is not None and not self.pools.compress(ex.pool),  # the agent sends as is
+        )
+        check_header_block((*headers, *legacy_headers(fields)), wire.DEFAULT_LIMITS)  # fits either way
         has_body = request.body_exists
-        open_frame = wire.Open(
-            0, wire.StreamKind.HTTP, target.node, target.port, request.method, target.path, headers, not has_body
-        )
+        open_frame = Open(0, wire.StreamKind.HTTP, target.node, target.port, request.method, target.path, headers,
+                          not has_body, fields)
         self.admission.claim(target.node, client)
         try:
             stream, head = await self._open(ex, open_frame, request.method in IDEMPOTENT and not has_body)
@@ -396,8 +406,8 @@ class Proxy:
         request, target = ex.request, ex.target
         assert target is not None
         client = request.remote or "?"
-        open_frame = wire.Open(0, wire.StreamKind.TCP, target.node, target.port,
-                               headers=((CLIENT_HEADER, client_key(client)),))
+        open_frame = Open(0, wire.StreamKind.TCP, target.node, target.port,
+                          fields=OpenFields(client=client_key(client)))
         self.admission.open_tunnel(client)
         try:
             self.admission.claim(target.node, client)

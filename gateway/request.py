@@ -10,20 +10,14 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from raven.protocol import wire
-from raven.protocol.headers import HOP_BY_HOP, RAVEN_PREFIX
 from raven.refusals import Reason, Refusal
 
-__all__ = ["Refusal", "Target", "check_header_block", "client_key", "content_length", "filter_headers",
-           "header_safe", "parse_target"]
-
-# A request's hop-by-hop headers stay here; so does Expect (the gateway answers 100 Continue itself).
-REQUEST_HOP_BY_HOP = HOP_BY_HOP | {"expect"}
+__all__ = ["Refusal", "Target", "check_header_block", "client_key", "content_length", "header_safe", "parse_target"]
 
 _UNSAFE = re.compile(r"[^\x20-\x7e]")
 
@@ -61,21 +55,6 @@ class Target:
     port: int
     path: str  # origin-form request target (path and query)
     kind: wire.StreamKind
-
-
-def filter_headers(pairs: Any, drop_extra: frozenset[str] = frozenset()) -> wire.Headers:
-    """Drop hop-by-hop headers, those named by Connection, and Raven's own routing headers."""
-    named: set[str] = set()
-    for name, value in pairs:
-        if name.lower() == "connection":
-            named.update(t.strip().lower() for t in value.split(","))
-    out = []
-    for name, value in pairs:
-        low = name.lower()
-        if low in REQUEST_HOP_BY_HOP or low in named or low in drop_extra or low.startswith(RAVEN_PREFIX):
-            continue
-        out.append((name, value))
-    return tuple(out)
 
 
 def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:

@@ -11,7 +11,39 @@
   speak, and the ready session each side gets;
 - ``control``: one dispatcher for control frames (a table by frame type);
 - ``flow``: per-stream credit accounting (windows);
-- ``headers``: the HTTP side of the contract (which headers cross the tunnel, which are Raven's own).
+- ``headers``: the HTTP side of the contract (which headers cross the tunnel, which are Raven's own, the one
+  filter both ends apply, the one set of idempotent methods);
+- ``terms``: a request's terms (deadline, client key, hints) as OPEN's fields from version 3, as ``x-raven-*``
+  headers before it.
 
 raven/transport/ runs a session over an asyncio WebSocket. See docs/protocol.md.
+
+The names the services need for the HTTP-over-tunnel contract are re-exported here: ``from raven.protocol import
+Open, OpenFields, filter_headers, terms_of``.
 """
+
+from raven.protocol.headers import FORWARDED, FRAMING, HOP_BY_HOP, IDEMPOTENT, RAVEN_PREFIX, filter_headers
+from raven.protocol.terms import as_sent, check_version, legacy_headers, terms_of
+from raven.protocol.wire import (
+    DEFAULT_LIMITS,
+    FIELDS_FROM,
+    MAX_CLIENT_KEY,
+    MAX_DEADLINE_MS,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Head,
+    Headers,
+    Limits,
+    Open,
+    OpenFields,
+    ProtocolError,
+    ResetCode,
+    StreamKind,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS", "FIELDS_FROM", "FORWARDED", "FRAMING", "HOP_BY_HOP", "IDEMPOTENT", "MAX_CLIENT_KEY",
+    "MAX_DEADLINE_MS", "PROTOCOL_VERSION", "RAVEN_PREFIX", "SUPPORTED_VERSIONS", "Head", "Headers", "Limits", "Open",
+    "OpenFields", "ProtocolError", "ResetCode", "StreamKind", "as_sent", "check_version", "filter_headers",
+    "legacy_headers", "terms_of",
+]

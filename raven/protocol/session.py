@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from raven.protocol import wire
+from raven.protocol import terms, wire
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
@@ -206,8 +206,7 @@ class Session:
         stream_id = self._next_id
         if stream_id > wire.MAX_STREAM_ID:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, "stream ids of this session exhausted", remote=False)
-        o = open_frame
-        frame = wire.Open(stream_id, o.kind, o.node, o.port, o.method, o.target, o.headers, o.fin)
+        frame = terms.as_sent(open_frame, stream_id, self.version)  # the request's terms as this version carries them
         self._queue(frame)  # encoding raises for unencodable input before anything is registered
         self._next_id += 2
         self.streams[stream_id] = StreamState(
@@ -491,6 +490,7 @@ class Session:
         if sid <= self._last_peer_id:
             raise wire.ProtocolError(f"OPEN reuses stream id {sid}")
         self._last_peer_id = sid
+        terms.check_version(frame, self.version)
         if len(self.streams) >= self.local_max_streams:
             self._queue(wire.Reset(sid, wire.ResetCode.LIMIT, f"agent stream limit {self.local_max_streams}"))
             return

@@ -2,7 +2,8 @@
 
 Version 1: one binary WebSocket message carries exactly one frame. Version 2 (batched): a message carries one
 or more frames, each preceded by its length (u32, big-endian), so a sender writes everything it has in one
-message per turn of its event loop. The frame itself is the same in both versions::
+message per turn of its event loop. Version 3 is version 2 whose OPEN carries the request's terms (deadline,
+client key, hints) as fields, flag FIELDS, instead of ``x-raven-*`` headers. The frame header is the same in all::
 
     +--------+--------+--------------------------------+-----------------+
     | type 8 | flags 8|        stream id 32 (BE)       | payload ...     |
@@ -25,13 +26,17 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from raven.protocol.frames.base import (
+    ALLOWED_FLAGS,
     BATCHED_FROM,
     CONTROL_TYPES,
     DEFAULT_LIMITS,
-    FIN_ALLOWED,
+    FIELDS_FROM,
+    FLAG_FIELDS,
     FLAG_FIN,
     HEADER,
     HEADER_SIZE,
+    MAX_CLIENT_KEY,
+    MAX_DEADLINE_MS,
     MAX_REFUSAL_REASON,
     MAX_RELEASE,
     MAX_ROUTES,
@@ -89,6 +94,7 @@ from raven.protocol.frames.streams import (
     End,
     Head,
     Open,
+    OpenFields,
     Reset,
     StreamFrame,
     Window,
@@ -108,11 +114,12 @@ from raven.protocol.frames.streams import (
 )
 
 __all__ = [
-    "BATCHED_FROM", "CONTROL_TYPES", "DEFAULT_LIMITS", "FLAG_FIN", "HEADER", "HEADER_SIZE", "MAX_REFUSAL_REASON",
-    "MAX_RELEASE", "MAX_ROUTES", "MAX_STREAM_ID", "MAX_WINDOW_INCREMENT", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS",
-    "ControlFrame", "Data", "Datagram", "Drain", "End", "Frame", "FrameType", "GoAway", "Head", "Headers", "Hello",
-    "Limits", "NodeInfo", "Open", "Ping", "Pong", "ProtocolError", "Register", "Registered", "Reset", "ResetCode",
-    "Routes", "StreamFrame", "StreamKind", "Welcome", "Window", "data_header", "datagram_header", "decode", "encode",
+    "BATCHED_FROM", "CONTROL_TYPES", "DEFAULT_LIMITS", "FIELDS_FROM", "FLAG_FIELDS", "FLAG_FIN", "HEADER",
+    "HEADER_SIZE", "MAX_CLIENT_KEY", "MAX_DEADLINE_MS", "MAX_REFUSAL_REASON", "MAX_RELEASE", "MAX_ROUTES",
+    "MAX_STREAM_ID", "MAX_WINDOW_INCREMENT", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "ControlFrame", "Data",
+    "Datagram", "Drain", "End", "Frame", "FrameType", "GoAway", "Head", "Headers", "Hello", "Limits", "NodeInfo",
+    "Open", "OpenFields", "Ping", "Pong", "ProtocolError", "Register", "Registered", "Reset", "ResetCode", "Routes",
+    "StreamFrame", "StreamKind", "Welcome", "Window", "data_header", "datagram_header", "decode", "encode",
     "encode_data", "length_prefix", "split_batch", "split_registered", "valid_node_name",
 ]
 
@@ -160,7 +167,6 @@ _STREAM_DECODERS: Final[dict[FrameType, Callable[[int, memoryview, bool, Limits]
     FrameType.WINDOW: decode_window,
     FrameType.END: decode_end,
     FrameType.RESET: decode_reset,
-    FrameType.OPEN: decode_open,
     FrameType.HEAD: decode_head,
 }
 
@@ -192,7 +198,7 @@ def decode(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIM
     except ValueError:
         raise ProtocolError(f"unknown frame type 0x{type_byte:02x}", stream_id) from None
     payload = view[HEADER_SIZE:]
-    if flags & ~FLAG_FIN or (flags and ftype not in FIN_ALLOWED):
+    if flags & ~ALLOWED_FLAGS.get(ftype, 0):
         raise ProtocolError(f"invalid flags 0x{flags:02x} on {ftype.name}", stream_id)
     if ftype in CONTROL_TYPES:
         if stream_id != 0:
@@ -200,6 +206,8 @@ def decode(message: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIM
         return _CONTROL_DECODERS[ftype](payload, limits)
     if stream_id == 0:
         raise ProtocolError(f"stream frame {ftype.name} on stream 0")
+    if ftype is FrameType.OPEN:
+        return decode_open(stream_id, payload, flags, limits)  # its flags say whether it carries fields
     return _STREAM_DECODERS[ftype](stream_id, payload, bool(flags & FLAG_FIN), limits)
 
 

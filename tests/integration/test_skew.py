@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration,
 OLD_POOL, NEW_POOL = "pool-old", "pool-new"
 OLD_AGENT, NEW_AGENT = f"agent-{OLD_POOL}-1", f"agent-{NEW_POOL}-1"
 UNSPOKEN = 99  # a protocol version neither release speaks
+OLD_PROTOCOL = 2  # the newest protocol version 0.1.0 speaks: the terms of a request as x-raven-* headers
 
 
 @pytest.fixture(scope="module")
@@ -148,17 +149,19 @@ async def test_old_agent_new_gateway(tmp_path: Path, old: Release) -> None:
         snap = await bed.ops("/status")
         assert (snap["version"], snap["protocols"]) == (version.RELEASE, list(wire.SUPPORTED_VERSIONS))
         agents = {a["agent"]: a for p in snap["pools"] for a in p["agents"]}
-        assert (agents[OLD_AGENT]["version"], agents[OLD_AGENT]["protocol"]) == (None, wire.PROTOCOL_VERSION)
+        # The old agent speaks 1 and 2: its session is version 2 (the request's terms as x-raven-* headers); the
+        # new one's is version 3 (the terms as OPEN's fields). Both scraped above.
+        assert (agents[OLD_AGENT]["version"], agents[OLD_AGENT]["protocol"]) == (None, OLD_PROTOCOL)
         assert (agents[NEW_AGENT]["version"], agents[NEW_AGENT]["protocol"]) == (version.RELEASE,
                                                                                  wire.PROTOCOL_VERSION)
         page = await bed.ops("/status.html")
-        assert f"{version.UNANNOUNCED} or older (not announced), protocol {wire.PROTOCOL_VERSION}" in page
+        assert f"{version.UNANNOUNCED} or older (not announced), protocol {OLD_PROTOCOL}" in page
         assert f"{version.RELEASE}, protocol {wire.PROTOCOL_VERSION}" in page
         assert f"release {version.RELEASE}, protocol {wire.PROTOCOL_VERSION}" in bed.log(NEW_AGENT)
         assert f"release {version.UNANNOUNCED} or older (not announced), protocol" in bed.log("gateway")
 
         reason = await refuse_unspoken_protocol(bed)
-        assert f"no common protocol version: agent speaks [{UNSPOKEN}], gateway [1, 2]" in reason, reason
+        assert f"no common protocol version: agent speaks [{UNSPOKEN}], gateway [1, 2, 3]" in reason, reason
         await bed.wait_log("gateway", reason)
         assert await handshake_failures(bed, "version") >= 1
 
@@ -172,7 +175,7 @@ async def test_new_agent_old_gateway(tmp_path: Path, old: Release) -> None:
         assert await build_info(bed, NEW_AGENT) == THIS_BUILD
         assert "version" not in await bed.ops("/status")
         assert (f"connected to gateway replica gw-1 (1 replica(s), release {version.UNANNOUNCED} or older (not "
-                f"announced), protocol {wire.PROTOCOL_VERSION})") in bed.log(NEW_AGENT)
+                f"announced), protocol {OLD_PROTOCOL})") in bed.log(NEW_AGENT)
         # This release's `raven status` reads the older gateway's status.
         url = f"http://127.0.0.1:{bed.cluster.gateway_metrics_port}"
         proc = await asyncio.create_subprocess_exec(

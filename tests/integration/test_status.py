@@ -19,6 +19,7 @@ import pytest_asyncio
 from raven import __version__
 from raven.demo.launch import LocalCluster, PoolSpec
 from raven.demo.simexporter import SimExporter, SimNode
+from raven.protocol import wire
 from tests.support.cluster import HOSTS, pick_node_port
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
@@ -70,10 +71,11 @@ async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tm
     out = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token))
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert f"gateway gw-1 (replica of 1, release {__version__}, tunnel protocol 1,2)" in text and "ready" in text
+    assert f"gateway gw-1 (replica of 1, release {__version__}, tunnel protocol 1,2,3)" in text and "ready" in text
     for agent in ("agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1"):
         row = next(x for x in text.splitlines() if agent in x).split()
-        assert row[1:5] == ["tunnel", agent, __version__, "2"], row  # each agent's release and agreed protocol
+        # each agent's release and agreed protocol
+        assert row[1:5] == ["tunnel", agent, __version__, str(wire.PROTOCOL_VERSION)], row
     line = next(x for x in text.splitlines() if x.startswith("st-b-1"))
     assert "pool-b" in line and "502" in line and "cannot connect to node st-b-1" in line
     # columns: NODE POOL REACH AGENTS LAST
@@ -123,8 +125,8 @@ async def test_status_page_in_a_real_browser(seen: Seen, tmp_path: Path) -> None
     assert "<h1>Raven gateway gw-1</h1>" in dom, err.decode()[-2000:]
     for text in ("pool-a", "pool-b", "agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1", "st-a-1", "st-a-2"):
         assert text in dom
-    assert f"release {__version__}, tunnel protocol 1,2" in dom  # the gateway's release, and each agent's
-    assert dom.count(f"{__version__}, protocol 2, session") == 3
+    assert f"release {__version__}, tunnel protocol 1,2,3" in dom  # the gateway's release, and each agent's
+    assert dom.count(f"{__version__}, protocol {wire.PROTOCOL_VERSION}, session") == 3
     row = dom[dom.index("<td>st-b-1</td>"):]
     row = row[: row.index("</tr>")]
     assert "cannot connect to node st-b-1" in row and "502" in row  # the failing node with its reason

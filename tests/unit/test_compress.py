@@ -58,7 +58,6 @@ def test_plan_rewrites_the_head() -> None:
     ("auto", "GET", 200, GZIP_OK, (("Content-Encoding", "br"),)),
     ("auto", "GET", 200, GZIP_OK, (("Cache-Control", "max-age=0, no-transform"),)),
     ("auto", "GET", 200, GZIP_OK, (("Content-Length", str(MIN_BYTES - 1)),)),  # tiny
-    ("auto", "GET", 200, (*GZIP_OK, ("x-raven-compress", "0")), PLAIN),  # the gateway: the uplink is free
 ])
 def test_plan_leaves_alone(mode: str, method: str, status: int, request_headers: wire.Headers,
                            response_headers: wire.Headers) -> None:
@@ -67,9 +66,13 @@ def test_plan_leaves_alone(mode: str, method: str, status: int, request_headers:
     assert out == response_headers
 
 
+def test_the_gateways_hint_that_the_uplink_is_free_leaves_it_alone_under_auto() -> None:
+    assert plan("auto", "GET", 200, GZIP_OK, PLAIN, uplink_free=True) == (None, PLAIN)
+    assert plan("auto", "GET", 200, GZIP_OK, PLAIN, uplink_free=False)[0] is not None
+
+
 def test_always_overrides_the_gateways_hint_but_not_the_client() -> None:
-    hint = (*GZIP_OK, ("x-raven-compress", "0"))
-    assert plan("always", "GET", 200, hint, PLAIN)[0] is not None
+    assert plan("always", "GET", 200, GZIP_OK, PLAIN, uplink_free=True)[0] is not None
     assert plan("always", "GET", 200, (), PLAIN)[0] is None
     assert plan("auto", "GET", 200, GZIP_OK, (("Content-Encoding", "identity"), *PLAIN))[0] is not None
 

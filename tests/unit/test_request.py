@@ -10,7 +10,6 @@ from gateway.request import (
     check_header_block,
     client_key,
     content_length,
-    filter_headers,
     header_safe,
     parse_target,
 )
@@ -83,14 +82,6 @@ def test_header_block_must_fit_the_wire() -> None:
     with pytest.raises(Refusal) as info:
         check_header_block((("A", "x" * (wire.DEFAULT_LIMITS.max_header_bytes + 1)),), wire.DEFAULT_LIMITS)
     assert info.value.status == 431
-
-
-def test_filter_headers_drops_hop_by_hop_named_and_ravens_own() -> None:
-    pairs = [("Connection", "close, X-Secret"), ("X-Secret", "1"), ("Keep-Alive", "t"), ("TE", "trailers"),
-             ("X-Raven-Deadline-Ms", "1"), ("Accept", "*/*"), ("Expect", "100-continue"), ("Upgrade", "h2c")]
-    assert filter_headers(pairs) == (("Accept", "*/*"),)
-    assert filter_headers([("Authorization", "x"), ("Accept", "a")], frozenset({"authorization"})) == \
-        (("Accept", "a"),)
 
 
 def test_header_safe_and_client_key() -> None:

@@ -71,7 +71,7 @@ def test_releases_compare_as_versions() -> None:
     assert not version.older_than("0.10.0", "0.9.0")  # not a string comparison
     assert version.older_than("banana", "0.1.0")  # no version at all: below any floor
     assert version.peer_release("") == "0.1.0 or older (not announced)"
-    assert version.describe() == f"raven {__version__} (tunnel protocol 1,2)"
+    assert version.describe() == f"raven {__version__} (tunnel protocol 1,2,3)"
     with pytest.raises(ValueError):
         version.older_than("0.2.0", "banana")
 
@@ -90,7 +90,7 @@ def test_min_agent_version_must_be_a_version(tmp_path: Path) -> None:
 
 
 def test_build_info_on_both_services() -> None:
-    line = f'raven_build_info{{protocol="1,2",version="{__version__}"}} 1.0'
+    line = f'raven_build_info{{protocol="1,2,3",version="{__version__}"}} 1.0'
     for metrics in (GatewayMetrics(), AgentMetrics()):
         assert line in generate_latest(metrics.registry).decode()
 

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 from raven.errors import RavenError
 
-PROTOCOL_VERSION = 2  # what a gateway chooses when the agent offers it
-SUPPORTED_VERSIONS = (1, 2)
+PROTOCOL_VERSION = 3  # what a gateway chooses when the agent offers it
+SUPPORTED_VERSIONS = (1, 2, 3)
 BATCHED_FROM = 2  # the first version whose messages carry length-prefixed frames
+FIELDS_FROM = 3  # the first version whose OPEN carries the request's terms as fields (deadline, client key, hints)
 
 HEADER = struct.Struct("!BBI")
 HEADER_SIZE = HEADER.size
 FLAG_FIN = 0x01
+FLAG_FIELDS = 0x02  # OPEN only (version 3): the payload ends with the request's terms (frames/streams.py)
 
 U16 = struct.Struct("!H")
 U32 = struct.Struct("!I")
@@ -28,6 +30,8 @@ MAX_WINDOW_INCREMENT = 2**31 - 1
 MAX_REFUSAL_REASON = 300  # characters of one registration refusal's reason
 MAX_ROUTES = 1024  # CIDRs in one ROUTES frame
 MAX_RELEASE = 64  # characters of the release a peer announces in HELLO/WELCOME
+MAX_DEADLINE_MS = 86_400_000  # an OPEN's deadline field: at most a day (0: none given, the agent's own applies)
+MAX_CLIENT_KEY = 32  # characters of an OPEN's client (fairness) key: [A-Za-z0-9_-]
 
 TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z")
@@ -69,7 +73,10 @@ CONTROL_TYPES = frozenset(
         FrameType.ROUTES,
     }
 )
-FIN_ALLOWED = frozenset({FrameType.OPEN, FrameType.HEAD, FrameType.DATA})
+# The flags each frame type may carry; any other bit is an error.
+ALLOWED_FLAGS: dict[FrameType, int] = {
+    FrameType.OPEN: FLAG_FIN | FLAG_FIELDS, FrameType.HEAD: FLAG_FIN, FrameType.DATA: FLAG_FIN,
+}
 
 
 class StreamKind(enum.IntEnum):

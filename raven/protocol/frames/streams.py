@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 from raven.protocol.frames.base import (
     BATCHED_HEADER,
     DEFAULT_LIMITS,
+    FLAG_FIELDS,
     FLAG_FIN,
     HEADER,
     HEADER_SIZE,
+    MAX_CLIENT_KEY,
+    MAX_DEADLINE_MS,
     MAX_WINDOW_INCREMENT,
     TOKEN,
     U16,
@@ -33,12 +36,35 @@ from raven.protocol.frames.base import (
 )
 
 _OPEN_FIXED = struct.Struct("!BH")  # kind, port
+_OPEN_FIELDS = struct.Struct("!IBB")  # deadline in ms, hints, client key length (then the key)
+HINT_UPLINK_FREE = 0x01  # the pool's uplink is free: the agent sends the node's body as is (no gzip)
+_HINTS = HINT_UPLINK_FREE
+_CLIENT_KEY = re.compile(rb"[A-Za-z0-9_-]*\Z")
 _HEAD_FIXED = struct.Struct("!HB")  # status, reason length
 RESET_FIXED = struct.Struct("!H")  # code (RESET and GOAWAY)
 _BAD_REASON = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 # ---------------------------------------------------------------- OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFields:
+    """The request's terms, which the gateway states and the agent holds within its own bounds. Fields of OPEN
+    from version 3 (:data:`~raven.protocol.frames.base.FIELDS_FROM`); before it they travel as ``x-raven-*``
+    headers (raven/protocol/headers.py translates)."""
+
+    deadline_ms: int = 0  # milliseconds left for the request, 0..MAX_DEADLINE_MS; 0: none given (CONNECT)
+    client: str = ""  # the fairness key: 0..MAX_CLIENT_KEY characters of [A-Za-z0-9_-]; "": none given
+    uplink_free: bool = False  # the pool's uplink is free (pools.<p>.compress false): no gzip before it
+
+    def check(self) -> None:
+        """Raise ValueError unless every field is within the wire's bounds."""
+        if not 0 <= self.deadline_ms <= MAX_DEADLINE_MS:
+            raise ValueError(f"deadline of {self.deadline_ms} ms is outside 0..{MAX_DEADLINE_MS}")
+        raw = self.client.encode("ascii", "replace")
+        if len(raw) > MAX_CLIENT_KEY or not _CLIENT_KEY.match(raw):
+            raise ValueError(f"client key {self.client[:40]!r} is not 0..{MAX_CLIENT_KEY} of [A-Za-z0-9_-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +77,7 @@ class Open:
     target: str = ""
     headers: Headers = ()
     fin: bool = False
+    fields: OpenFields | None = None  # version 3 on: the request's terms (flag FIELDS); None before it
 
 
 def encode_open(frame: Open) -> bytes:
@@ -59,20 +86,25 @@ def encode_open(frame: Open) -> bytes:
     target = frame.target.encode("latin-1")
     if len(target) > 0xFFFF:
         raise ValueError("request target longer than 65535 bytes")
-    body = b"".join(
-        (
-            _OPEN_FIXED.pack(frame.kind, frame.port),
-            short_str(frame.node, "node name"),
-            short_str(frame.method, "method"),
-            U16.pack(len(target)),
-            target,
-            encode_headers(frame.headers),
-        )
-    )
-    return header(FrameType.OPEN, FLAG_FIN if frame.fin else 0, frame.stream_id) + body
+    parts = [
+        _OPEN_FIXED.pack(frame.kind, frame.port),
+        short_str(frame.node, "node name"),
+        short_str(frame.method, "method"),
+        U16.pack(len(target)),
+        target,
+        encode_headers(frame.headers),
+    ]
+    flags = FLAG_FIN if frame.fin else 0
+    if frame.fields is not None:
+        f = frame.fields
+        f.check()
+        client = f.client.encode("ascii")
+        parts += (_OPEN_FIELDS.pack(f.deadline_ms, HINT_UPLINK_FREE if f.uplink_free else 0, len(client)), client)
+        flags |= FLAG_FIELDS
+    return header(FrameType.OPEN, flags, frame.stream_id) + b"".join(parts)
 
 
-def decode_open(stream_id: int, payload: memoryview, fin: bool, limits: Limits) -> Open:
+def decode_open(stream_id: int, payload: memoryview, flags: int, limits: Limits) -> Open:
     r = Reader(payload, stream_id)
     kind_byte, port = _OPEN_FIXED.unpack(r.take(_OPEN_FIXED.size, "OPEN"))
     try:
@@ -85,10 +117,25 @@ def decode_open(stream_id: int, payload: memoryview, fin: bool, limits: Limits) 
     method = r.text(r.u8("method length"), "method")
     target = r.text(r.u16("target length"), "target")
     headers = decode_headers(r, limits)
+    fields = _decode_fields(r) if flags & FLAG_FIELDS else None
     r.done("OPEN")
     if kind == StreamKind.HTTP and (not TOKEN.match(method.encode()) or not target):
         raise ProtocolError("OPEN: HTTP stream needs a method token and a target", stream_id)
-    return Open(stream_id, kind, node, port, method, target, headers, fin)
+    return Open(stream_id, kind, node, port, method, target, headers, bool(flags & FLAG_FIN), fields)
+
+
+def _decode_fields(r: Reader) -> OpenFields:
+    deadline_ms, hints, client_len = _OPEN_FIELDS.unpack(r.take(_OPEN_FIELDS.size, "OPEN fields"))
+    if deadline_ms > MAX_DEADLINE_MS:
+        raise ProtocolError(f"OPEN: deadline of {deadline_ms} ms, limit {MAX_DEADLINE_MS}", r.stream_id)
+    if hints & ~_HINTS:
+        raise ProtocolError(f"OPEN: unknown hints 0x{hints:02x}", r.stream_id)
+    if client_len > MAX_CLIENT_KEY:
+        raise ProtocolError(f"OPEN: client key of {client_len} bytes, limit {MAX_CLIENT_KEY}", r.stream_id)
+    raw = bytes(r.take(client_len, "client key"))
+    if not _CLIENT_KEY.match(raw):
+        raise ProtocolError("OPEN: client key is not [A-Za-z0-9_-]", r.stream_id)
+    return OpenFields(deadline_ms, raw.decode("ascii"), bool(hints & HINT_UPLINK_FREE))
 
 
 # ---------------------------------------------------------------- HEAD
