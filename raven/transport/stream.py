@@ -127,7 +127,10 @@ class Stream:
         if self._reset is not None:
             return
         self._reset = err
-        self._chunks.clear()
+        if not self._remote_fin:
+            # Data of an unfinished half is dropped. A reset after the peer's FIN only says "stop sending" (the
+            # agent answered before it read the whole request body): what arrived stays readable to the end.
+            self._chunks.clear()
         if not self._head.done():
             self._head.set_exception(err)
             self._head.exception()  # mark retrieved: nobody may be waiting for a head
@@ -158,10 +161,10 @@ class Stream:
                 chunk = self._chunks.popleft()
                 self._link.consumed(self.id, len(chunk))
                 return chunk
-            if self._reset is not None:
-                raise self._reset
             if self._remote_fin:
                 return _EMPTY
+            if self._reset is not None:
+                raise self._reset
             self._data_waiter = self._link.loop.create_future()
             try:
                 await self._data_waiter

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -110,6 +111,35 @@ async def test_reset_reaches_the_opener_with_code() -> None:
         assert info.value.code == wire.ResetCode.CONNECT_FAILED
         assert "connection refused" in info.value.reason
         assert gw.in_flight == 0
+    finally:
+        await _close_all(gw, ag, tasks=tasks)
+
+
+async def test_an_answer_sent_before_the_request_body_ended_is_read_whole_despite_the_reset_after_it() -> None:
+    """The agent answers (a 405 to a POST) without reading the request body, then closes its stream, which resets
+    it: the opener still reads the whole answer, even when the reset arrived before it began to read."""
+    answered = asyncio.Event()
+
+    async def serve(stream: Stream) -> None:
+        stream.send_head(405, "Method Not Allowed", (("content-type", "text/plain"),))
+        await stream.write(b"POST not allowed\n", end=True)
+        stream.close()  # the request body never ended: CANCEL
+        answered.set()
+
+    def on_open(stream: Stream) -> None:
+        asyncio.get_running_loop().create_task(serve(stream))
+
+    gw, ag, tasks = await pair(on_open)
+    try:
+        stream = gw.open_stream(dataclasses.replace(http_open(), method="POST", fin=False))
+        await stream.write(b"hel")  # part of the body; the rest never comes
+        await asyncio.wait_for(answered.wait(), 5)
+        await asyncio.sleep(0.1)  # HEAD, DATA with FIN and RESET are all delivered before anyone reads
+        assert stream.reset_error is not None and stream.reset_error.code == wire.ResetCode.CANCEL
+        head = await asyncio.wait_for(stream.head(), 5)
+        assert head.status == 405
+        assert await stream.read() == b"POST not allowed\n"
+        assert await stream.read() == b""
     finally:
         await _close_all(gw, ag, tasks=tasks)
 
