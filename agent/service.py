@@ -1,20 +1,16 @@
 """`raven agent`: dial the gateway, register this pool's nodes, serve streams, drain on SIGTERM.
 
-Size: the wiring of the agent (dial loops per replica, sessions, registration, Kubernetes, reload, drain).
-
-Why this module is long and not split: the dial loops, sessions and registrations share the agent's one
-view of its replicas; the dialler moving out is part of issue 22's refactor.
+The wiring of the agent: one session from dial to end (handshake, registration, serving its streams), the
+pool's nodes (static and from Kubernetes), reload and drain. Which links to the gateway exist and when each
+dials again is agent/dialler.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import random
 import signal
-import ssl
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,13 +21,13 @@ import aiohttp
 
 from agent.checks import Policy
 from agent.control import GatewayControl
+from agent.dialler import Dialler, DuplicateReplica
 from agent.forwarder import Forwarder
 from agent.layer3 import AgentLayer3
-from agent.targets import DialTarget, Resolution, resolve
+from agent.targets import DialTarget
 from raven import pki, version
 from raven.config import AgentConfig
 from raven.config.reload import Reloader, take_over
-from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
 from raven.ops.fdlimit import AGENT_FD_OVERHEAD, check_descriptors
@@ -49,15 +45,6 @@ if TYPE_CHECKING:
     from raven.kube import KubeNode
 
 log = logging.getLogger("raven.agent")
-
-
-class DuplicateReplica(RavenError):
-    """This connection reached a replica the agent already holds a session to."""
-
-
-def full_jitter(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, initial * 2**attempt)]."""
-    return rng.uniform(0, min(cap, initial * (2 ** min(attempt, 30))))
 
 
 # Settings a running agent cannot take over: its identity, where it dials, its listeners and wire limits.
@@ -96,13 +83,9 @@ class Agent:
         )
         self.sessions: set[Session] = set()
         self.replica_sessions: dict[str, Session] = {}
-        self.replicas_expected = 1
-        self._links: dict[str, asyncio.Task[None]] = {}
-        self._links_changed = asyncio.Event()
-        self._live_links: set[str] = set()  # links that hold a session now
-        self._retiring: set[str] = set()  # links to end once their session ends
+        self.dialler = Dialler(cfg.gateway, self._connect_once, self.metrics, lambda: len(self.replica_sessions),
+                               self._log)
         self.draining = False
-        self._stop = asyncio.Event()
         self._static_nodes = {n.name: n.address for n in cfg.nodes}
         self._kube_nodes: dict[str, str] = {}  # this pool's Node objects: name -> address
         self._kube_synced = asyncio.Event()
@@ -123,7 +106,6 @@ class Agent:
         self.forwarder.compress_mode = cfg.compress
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
-        self._rng = random.Random()
         self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
         self.control = GatewayControl(self.refused, self.metrics, self.layer3, self._log)
 
@@ -175,7 +157,7 @@ class Agent:
             return False, "draining"
         if not self.sessions:
             return False, "no session to any gateway"
-        wanted = max(len(self._links), self.replicas_expected)
+        wanted = self.dialler.wanted
         if len(self.sessions) < wanted:
             return False, f"sessions to {len(self.sessions)} of {wanted} gateway replica(s)"
         return True, f"{len(self.sessions)} session(s) up"
@@ -254,15 +236,9 @@ class Agent:
                     f"holds a session to"
                 )
             self.metrics.connects.labels("ok").inc()
-            if welcome.replicas != self.replicas_expected:
-                log.info("gateway reports %d replica(s) (was %d)", welcome.replicas, self.replicas_expected)
-                self.replicas_expected = welcome.replicas
-                self._links_changed.set()
-            self._live_links.add(key)
-            try:
+            self.dialler.replicas_reported(welcome.replicas)
+            with self.dialler.live(key):
                 await self._serve(ws, session, hello, welcome)
-            finally:
-                self._live_links.discard(key)
             return True
         finally:
             await ws.close()
@@ -301,133 +277,6 @@ class Agent:
             log.log(logging.INFO if expected else logging.WARNING, "session to gateway %s ended: %s",
                     welcome.replica, session.close_reason)
 
-    # ------------------------------------------------------------ dial loops
-
-    async def _link(self, http: aiohttp.ClientSession, target: DialTarget, key: str) -> None:
-        """Hold one session through ``target``, redialling with backoff and full jitter."""
-        attempt = 0
-        gw = self.cfg.gateway
-        while not self._stop.is_set():
-            cut = False
-            try:
-                if await self._connect_once(http, target, key):
-                    attempt = 0
-            except DuplicateReplica as exc:
-                self.metrics.connects.labels("duplicate").inc()
-                log.info("%s; dialling again", exc)
-            except HandshakeRefused as exc:
-                self.metrics.connects.labels("refused").inc()
-                log.error("%s", exc)
-            except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
-                cut = unreachable(exc)
-                if cut:  # every unreachable_retry for as long as the uplink is out: once a minute in the log
-                    self.metrics.connects.labels("unreachable").inc()
-                    self._log.log(logging.WARNING, target.key, "unreachable", "cannot reach gateway %s: %s",
-                                  target.url, _describe(exc))
-                else:
-                    self.metrics.connects.labels("failed").inc()
-                    log.warning("cannot reach gateway %s: %s", target.url, _describe(exc))
-            if self._stop.is_set():
-                break
-            if key in self._retiring:  # its address left DNS while the session lived: do not redial
-                self._retiring.discard(key)
-                if self._links.get(key) is asyncio.current_task():
-                    del self._links[key]
-                log.info("gateway target %s retired", key)
-                return
-            if cut:
-                # The dial reached nobody: there is no gateway load to spare, so no growing backoff (attempt
-                # stays): the next dial comes soon, and a returning uplink is found within seconds.
-                delay = self._rng.uniform(min(gw.backoff_initial, gw.unreachable_retry), gw.unreachable_retry)
-                log.debug("reconnecting to %s in %.2fs (gateway unreachable)", target.key, delay)
-            else:
-                delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
-                attempt += 1
-                log.info("reconnecting to %s in %.2fs (attempt %d)", target.key, delay, attempt)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stop.wait()
-
-    async def _resolve_unless_stopping(self) -> Resolution | None:
-        """Resolve the gateway's name; a drain does not wait for a slow DNS server (None then)."""
-        gw = self.cfg.gateway
-        lookup = asyncio.ensure_future(resolve(gw.url, gw.server_name, gw.resolver))
-        stop = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({lookup, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if not lookup.done():
-            lookup.cancel()
-            with contextlib.suppress(BaseException):
-                await lookup
-            return None
-        return lookup.result()
-
-    def _desired(self, res: Resolution) -> dict[str, DialTarget]:
-        if res.per_address:
-            return {t.key: t for t in res.targets}
-        target = res.targets[0]
-        return {f"{target.key}#{i}": target for i in range(1, max(1, self.replicas_expected) + 1)}
-
-    async def dial_forever(self) -> None:
-        """Keep one link per gateway address (or per replica behind one address); follow DNS changes."""
-        gw = self.cfg.gateway
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        res: Resolution | None = None
-        # The TCP connect has its own, shorter deadline: one that fails tells a cut uplink from a slow gateway.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(gw.connect_timeout, gw.dial_timeout))
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-            try:
-                while not self._stop.is_set():
-                    try:
-                        res = await self._resolve_unless_stopping() or res
-                    except OSError as exc:
-                        log.warning("cannot resolve the gateway: %s%s", exc,
-                                    " (keeping the current links)" if res else "")
-                    if res is not None:
-                        self._apply(http, self._desired(res))
-                    self._links_changed.clear()
-                    # Jittered, so that agents started together do not re-resolve in lockstep; faster while
-                    # fewer replicas are held than the gateway says exist (a new replica is found sooner).
-                    short = res is None or len(self.replica_sessions) < self.replicas_expected
-                    base = min(gw.resolve_interval, 5.0) if short else gw.resolve_interval
-                    interval = base * self._rng.uniform(0.8, 1.2)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(interval):
-                            stop = asyncio.ensure_future(self._stop.wait())
-                            changed = asyncio.ensure_future(self._links_changed.wait())
-                            try:
-                                await asyncio.wait({stop, changed}, return_when=asyncio.FIRST_COMPLETED)
-                            finally:
-                                stop.cancel()
-                                changed.cancel()
-            finally:
-                tasks = list(self._links.values())
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                self._links.clear()
-
-    def _apply(self, http: aiohttp.ClientSession, desired: dict[str, DialTarget]) -> None:
-        for key in list(self._links):
-            if key in desired:
-                self._retiring.discard(key)
-            elif key in self._live_links:
-                # Never cut a live session because DNS changed (a partial answer, a scale-down in
-                # progress): it ends on its own (drain, GOAWAY) and the link then stops redialling.
-                if key not in self._retiring:
-                    log.info("gateway target %s left DNS: keeping its live session, not redialling after", key)
-                    self._retiring.add(key)
-            else:
-                log.info("gateway target %s left DNS: closing its link", key)
-                self._links.pop(key).cancel()
-        for key, target in desired.items():
-            task = self._links.get(key)
-            if task is None or task.done():
-                log.info("dialling gateway target %s (%s)", key, target.url)
-                self._links[key] = asyncio.get_running_loop().create_task(self._link(http, target, key), name=key)
-
     # ------------------------------------------------------------ lifecycle
 
     async def drain_and_stop(self) -> None:
@@ -442,7 +291,7 @@ class Agent:
         if not idle:
             log.warning("drain grace over with %d stream(s) still in flight: cancelling them",
                         len(self.forwarder.tasks))
-        self._stop.set()
+        self.dialler.stop()
         for s in list(self.sessions):
             await s.close("agent stopped", wire.ResetCode.DRAINING)
 
@@ -475,7 +324,7 @@ class Agent:
                  version.describe(), host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
         kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
         try:
-            await self.dial_forever()
+            await self.dialler.run()
             if stop_task is not None:
                 await stop_task
         finally:
@@ -495,29 +344,3 @@ class Agent:
             gcpause.stop_settling()
         log.info("agent %s stopped", self.name)
         return 0
-
-
-_UNREACHABLE_ERRNOS = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.ETIMEDOUT})
-
-
-def unreachable(exc: BaseException) -> bool:
-    """The dial never reached the gateway: the TCP connect timed out or had no route (not a refusal, not TLS)."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return True
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return exc.os_error.errno in _UNREACHABLE_ERRNOS or isinstance(exc.os_error, TimeoutError)
-    return isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError) and exc.errno in _UNREACHABLE_ERRNOS
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, aiohttp.WSServerHandshakeError):
-        return f"handshake refused with HTTP {exc.status}: {exc.message}"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        # With TLS 1.3 the gateway checks the client certificate after the client's side of the
-        # handshake is done: a refused certificate shows here only as a closed connection.
-        return ("the gateway closed the connection during the TLS/WebSocket handshake; if this repeats, it "
-                "probably refused this agent's certificate (not signed by the gateway's CA, or expired): see the "
-                "gateway's log")
-    return str(exc) or repr(exc)

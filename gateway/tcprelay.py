@@ -14,7 +14,7 @@ import logging
 from aiohttp import web
 
 from raven.aio import cancel_and_wait
-from raven.transport.listener import ConnectionGuard
+from raven.transport.guard import ConnectionGuard
 from raven.transport.session import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")

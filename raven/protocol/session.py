@@ -11,7 +11,8 @@ a table, moved by frames in and calls out, and leave it when both halves are DON
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from raven.protocol import terms, wire
 from raven.protocol.events import (
@@ -54,32 +55,10 @@ class Session:
     """
 
     __slots__ = (
-        "_events",
-        "_last_peer_id",
-        "_next_id",
-        "_next_ping",
-        "_ping_sent",
-        "_ping_seq",
-        "_voids",
-        "batched",
-        "close_code",
-        "close_reason",
-        "datagrams_dropped",
-        "ended_from",
-        "heartbeat_interval",
-        "heartbeat_timeout",
-        "last_rx",
-        "limits",
-        "local_max_streams",
-        "local_window",
-        "opener",
-        "out",
-        "peer_max_streams",
-        "peer_window",
-        "rtt",
-        "state",
-        "streams",
-        "version",
+        "_events", "_last_peer_id", "_next_id", "_next_ping", "_ping_sent", "_ping_seq", "_voids", "batched",
+        "close_code", "close_reason", "datagrams_dropped", "ended_from", "heartbeat_interval", "heartbeat_timeout",
+        "last_rx", "limits", "local_max_streams", "local_window", "opener", "out", "peer_max_streams", "peer_window",
+        "rtt", "state", "streams", "version"
     )
 
     BATCH_BUDGET: Final = Outbox.BATCH_BUDGET
@@ -354,7 +333,8 @@ class Session:
             frames = [message]  # type: ignore[list-item]
         for raw in frames:
             try:
-                self._dispatch(wire.decode(raw, self.limits), now)
+                frame = wire.decode(raw, self.limits)
+                _RECEIVED.get(type(frame), Session._on_control)(self, frame)
             except wire.ProtocolError as err:
                 self._on_error(err)
             if self.closed:
@@ -402,68 +382,78 @@ class Session:
             del self.streams[st.id]
             self._events.append(StreamClosed(st.id))
 
-    def _dispatch(self, frame: wire.Frame, now: float) -> None:
-        events = self._events
-        if isinstance(frame, wire.Data):
-            st = self._stream_for(frame.stream_id)
-            if st is None:
-                return
-            self._remote_step(st, Step.DATA)
-            data = frame.data if isinstance(frame.data, memoryview) else memoryview(frame.data)
-            if data:
-                st.recv.received(len(data), st.id)
-            elif not frame.fin:
-                self._void()
-            if frame.fin:
-                self._remote_step(st, Step.FIN)
-            events.append(DataReceived(st.id, data, frame.fin))
-            if frame.fin:
-                self._closed_by_peer(st)
-        elif isinstance(frame, wire.Window):
-            st = self._stream_for(frame.stream_id)
-            if st is not None and st.local is not Half.DONE:
-                st.credit.grant(frame.increment, st.id)
-                events.append(CreditReceived(st.id))
-        elif isinstance(frame, wire.Head):
-            st = self._stream_for(frame.stream_id)
-            if st is None:
-                return
-            if not self._is_own_id(st.id):
-                raise wire.ProtocolError("HEAD on a stream the peer opened", st.id)
-            self._remote_step(st, Step.HEAD_FIN if frame.fin else Step.HEAD)
-            events.append(HeadReceived(st.id, frame))
-            if frame.fin:
-                events.append(DataReceived(st.id, memoryview(b""), True))
-                self._closed_by_peer(st)
-        elif isinstance(frame, wire.End):
-            st = self._stream_for(frame.stream_id)
-            if st is None:
-                return
+    # ------------------------------------------------------------ received frames, one handler per type (_RECEIVED)
+
+    def _on_data(self, frame: wire.Data) -> None:
+        st = self._stream_for(frame.stream_id)
+        if st is None:
+            return
+        self._remote_step(st, Step.DATA)
+        data = frame.data if isinstance(frame.data, memoryview) else memoryview(frame.data)
+        if data:
+            st.recv.received(len(data), st.id)
+        elif not frame.fin:
+            self._void()
+        if frame.fin:
             self._remote_step(st, Step.FIN)
-            events.append(DataReceived(st.id, memoryview(b""), True))
+        self._events.append(DataReceived(st.id, data, frame.fin))
+        if frame.fin:
             self._closed_by_peer(st)
-        elif isinstance(frame, wire.Reset):
-            if self.streams.pop(frame.stream_id, None) is not None:
-                events.append(StreamAborted(frame.stream_id, frame.code, frame.reason, True))
-                events.append(StreamClosed(frame.stream_id))
-        elif isinstance(frame, wire.Open):
-            self._on_open(frame)
-        elif isinstance(frame, wire.Datagram):
-            packet = frame.packet if isinstance(frame.packet, memoryview) else memoryview(frame.packet)
-            events.append(DatagramReceived(packet))
-        elif isinstance(frame, wire.Ping):
-            self._queue(wire.Pong(frame.opaque))
-        elif isinstance(frame, wire.Pong):
-            sent = self._ping_sent
-            if sent is not None and sent[0] == frame.opaque:
-                self.rtt = now - sent[1]
-                self._ping_sent = None
-        elif isinstance(frame, wire.GoAway):
-            self._end(f"peer said goodbye: {frame.reason}", 0, EndCause.GOAWAY, goaway=False)
-        else:
-            if isinstance(frame, wire.Drain):
-                self._set(SessionEvent.PEER_DRAIN)
-            events.append(ControlReceived(frame))
+
+    def _on_window(self, frame: wire.Window) -> None:
+        st = self._stream_for(frame.stream_id)
+        if st is not None and st.local is not Half.DONE:
+            st.credit.grant(frame.increment, st.id)
+            self._events.append(CreditReceived(st.id))
+
+    def _on_head(self, frame: wire.Head) -> None:
+        st = self._stream_for(frame.stream_id)
+        if st is None:
+            return
+        if not self._is_own_id(st.id):
+            raise wire.ProtocolError("HEAD on a stream the peer opened", st.id)
+        self._remote_step(st, Step.HEAD_FIN if frame.fin else Step.HEAD)
+        self._events.append(HeadReceived(st.id, frame))
+        if frame.fin:
+            self._events.append(DataReceived(st.id, memoryview(b""), True))
+            self._closed_by_peer(st)
+
+    def _on_end(self, frame: wire.End) -> None:
+        st = self._stream_for(frame.stream_id)
+        if st is None:
+            return
+        self._remote_step(st, Step.FIN)
+        self._events.append(DataReceived(st.id, memoryview(b""), True))
+        self._closed_by_peer(st)
+
+    def _on_reset(self, frame: wire.Reset) -> None:
+        if self.streams.pop(frame.stream_id, None) is not None:
+            self._events.append(StreamAborted(frame.stream_id, frame.code, frame.reason, True))
+            self._events.append(StreamClosed(frame.stream_id))
+
+    def _on_datagram(self, frame: wire.Datagram) -> None:
+        packet = frame.packet if isinstance(frame.packet, memoryview) else memoryview(frame.packet)
+        self._events.append(DatagramReceived(packet))
+
+    def _on_ping(self, frame: wire.Ping) -> None:
+        self._queue(wire.Pong(frame.opaque))
+
+    def _on_pong(self, frame: wire.Pong) -> None:
+        sent = self._ping_sent
+        if sent is not None and sent[0] == frame.opaque:
+            self.rtt = self.last_rx - sent[1]  # last_rx: receive()'s now
+            self._ping_sent = None
+
+    def _on_goaway(self, frame: wire.GoAway) -> None:
+        self._end(f"peer said goodbye: {frame.reason}", 0, EndCause.GOAWAY, goaway=False)
+
+    def _on_drain(self, frame: wire.Drain) -> None:
+        self._set(SessionEvent.PEER_DRAIN)
+        self._events.append(ControlReceived(frame))
+
+    def _on_control(self, frame: wire.ControlFrame) -> None:
+        """Any other frame is the service's (raven/protocol/control.py dispatches it)."""
+        self._events.append(ControlReceived(frame))
 
     def _is_own_id(self, stream_id: int) -> bool:
         return (stream_id % 2 == 1) == self.opener
@@ -498,3 +488,13 @@ class Session:
             sid, frame, Half.HEAD, Half.DONE if frame.fin else Half.BODY, self.local_window, self.peer_window
         )
         self._events.append(StreamOpened(sid, frame))
+
+
+# A received frame's handler by its type (wire.decode returns exactly these classes); any other type is a
+# control frame for the service.
+_RECEIVED: Final[dict[type[Any], Callable[[Session, Any], None]]] = {
+    wire.Data: Session._on_data, wire.Window: Session._on_window, wire.Head: Session._on_head,
+    wire.End: Session._on_end, wire.Reset: Session._on_reset, wire.Open: Session._on_open,
+    wire.Datagram: Session._on_datagram, wire.Ping: Session._on_ping, wire.Pong: Session._on_pong,
+    wire.GoAway: Session._on_goaway, wire.Drain: Session._on_drain,
+}

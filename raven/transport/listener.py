@@ -1,33 +1,9 @@
-"""Listening sockets that hold against hostile clients: deadlines per connection phase and caps per client.
+"""Listening sockets that hold against hostile clients: the accept loop, and the process's descriptor budget.
 
-aiohttp's server has one timer, the keep-alive timeout, and no cap on connections. A client that opens a few
-thousand connections and sends half a request head (or nothing) holds them until that timer fires, and when the
-process runs out of descriptors every listener fails. :class:`GuardedSite` is an aiohttp site whose connections
-go through a :class:`ConnectionGuard`:
-
-- a connection is *unproven* from its accept until the handler vouches for it (:meth:`ConnectionGuard.vouch`:
-  the front end does so for a request that passed the credentials check), and *proven* after. Unproven
-  connections are few and short-lived for a real client (one request head's time), so they have small caps:
-  ``max_unproven_per_client`` per address and ``max_unproven`` in all; a connection beyond them is refused at
-  once (a canned ``503`` and a close, counted). Proven connections are what Prometheus holds, one keep-alive
-  connection per target, so their cap per address is derived from the fleet (``proven_cap``, given by the
-  service) and never lower than ``max_per_client``; ``max_connections`` bounds proven and unproven together;
-- a connection admitted while ``max_connections`` are held is *over the cap*: it stays within the unproven
-  caps and its first request is answered ``503`` (naming the node, so that the refusal shows per node) and the
-  connection closed;
-- a new connection must deliver a complete request head within ``head_timeout``; after a response, the next
-  request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
-  connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
-  that byte; a connection that misses a deadline is closed (``408`` for a started head);
-- TLS listeners get ``head_timeout`` as the TLS handshake deadline too.
-
-While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
-write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
-:meth:`ConnectionGuard.request_finished` (:func:`guarded_handler` and :func:`guard_middleware` do it).
-
-Why this module is long and not split: the guard's counts (unauthenticated and authenticated connections per
-client, the over-capacity ones, the drain) and the protocol that moves a connection between them are one state
-kept in step; the read buffer it shares across connections is its own small class here.
+:class:`GuardedSite` is an aiohttp site whose connections go through a :class:`ConnectionGuard`
+(raven/transport/guard.py: the caps per client and in total, the head and idle deadlines). With TLS it runs its
+own accept loop, so that a connection is counted from its TCP accept and its handshake has a deadline.
+:func:`descriptor_budget` raises the open-files limit and says how many descriptors the listeners may use.
 """
 
 from __future__ import annotations
@@ -36,413 +12,23 @@ import asyncio
 import logging
 import socket
 import ssl
-import threading
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, cast
 
-from aiohttp import web
 from aiohttp.web_runner import BaseRunner, BaseSite
 
-from raven.lograte import RateLimitedLog
+from raven.transport.guard import (  # re-exported: the services import the guard with the site
+    GROWTH_STEP,
+    READ_BUFFER,
+    ConnectionGuard,
+    GuardLimits,
+    Handler,
+    guard_middleware,
+    guarded_handler,
+)
+
+__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "GuardedSite", "Handler",
+           "descriptor_budget", "guard_middleware", "guarded_handler"]
 
 log = logging.getLogger("raven.transport.listener")
-
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True, slots=True)
-class GuardLimits:
-    head_timeout: float = 10.0
-    idle_timeout: float = 120.0
-    max_connections: int = 8192  # proven and unproven together
-    max_per_client: int = 2048  # proven connections from one address (at least; see ConnectionGuard.proven_cap)
-    max_unproven: int | None = None  # None: max_connections (a listener whose handler never vouches)
-    max_unproven_per_client: int | None = None  # None: max_per_client
-
-    @property
-    def unproven_total(self) -> int:
-        return self.max_connections if self.max_unproven is None else self.max_unproven
-
-    @property
-    def unproven_per_client(self) -> int:
-        return self.max_per_client if self.max_unproven_per_client is None else self.max_unproven_per_client
-
-
-def _canned(status: str, reason: str) -> bytes:
-    body = f"raven: {reason}\n".encode()
-    return (
-        f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-        f"Connection: close\r\nX-Raven-Error: {reason}\r\n\r\n"
-    ).encode() + body
-
-
-_IDLE, _HEAD, _BUSY = 0, 1, 2
-
-GROWTH_STEP = 256  # authenticated connections: ConnectionGuard.on_grown is called at most every this many
-
-READ_BUFFER = 124 * 1024  # under the services' 128 KiB mmap threshold: the copy of a full read stays on the heap
-
-
-class _ReadBuffer(threading.local):
-    """One read buffer per thread (each event loop runs in one), shared by all its guarded connections.
-
-    The event loop fills it and calls ``buffer_updated`` at once, which copies the bytes out before anything
-    else can run on that loop, so one buffer serves every connection. Taking TLS connections' bytes this way
-    matters: given a plain protocol, uvloop's TLS layer allocates a fresh 256 KiB block for every TLS record it
-    decrypts (one mmap, mremap and munmap each, with their page faults and TLB flushes, under the mmap
-    threshold the services set) and then joins the records, another copy; this way it decrypts straight into
-    this buffer.
-    """
-
-    def __init__(self) -> None:
-        self.view = memoryview(bytearray(READ_BUFFER))
-
-
-_read_buffer = _ReadBuffer()
-
-
-class _GuardedProtocol(asyncio.BufferedProtocol):
-    """Wraps aiohttp's per-connection protocol: counts it, times its phases, passes everything else through.
-
-    It takes the connection's bytes as a buffered protocol (into a buffer shared per thread, see
-    :class:`_ReadBuffer`) and hands aiohttp's protocol a copy with ``data_received``.
-    """
-
-    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_over", "_paused", "_phase", "_preadmitted",
-                 "_proven", "_timer", "_transport")
-
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
-                 over: bool = False) -> None:
-        self._guard = guard
-        self._inner = inner
-        self._transport: asyncio.Transport | None = None
-        # A client given here was counted at the TCP accept already (TLS: before its handshake).
-        self._preadmitted = client is not None
-        self._client = client or "?"
-        self._phase = _HEAD
-        self._timer: asyncio.TimerHandle | None = None
-        self._admitted = False
-        self._paused = False
-        self._proven = False
-        self._over = over  # admitted beyond max_connections: its first request is refused
-        self._drain: list[asyncio.Future[None]] = []
-
-    # ---------------------------------------------------------------- asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        self._transport = transport
-        if not self._preadmitted:
-            peer = transport.get_extra_info("peername")
-            self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-            refusal, self._over = self._guard._admit(self._client)
-            if refusal is not None:
-                transport.write(_canned("503 Service Unavailable", refusal))
-                transport.close()
-                return
-        self._admitted = True
-        self._guard._conns[transport] = self
-        self._arm(self._guard.limits.head_timeout)  # a new connection owes a complete head
-        self._inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        if not self._admitted:
-            return
-        if self._phase == _IDLE:  # the first byte of the next request: its head has a deadline now
-            self._phase = _HEAD
-            self._arm(self._guard.limits.head_timeout)
-        self._inner.data_received(data)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _read_buffer.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(_read_buffer.view[:nbytes].tobytes())
-
-    def eof_received(self) -> bool | None:
-        if not self._admitted:
-            return None
-        return self._inner.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._admitted:
-            return
-        self._admitted = False
-        self._wake_drain(ConnectionResetError("client connection lost"))
-        self._guard._release(self._client, self._transport, self._proven, self._over)
-        self._inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._paused = True
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        self._wake_drain(None)
-        self._inner.resume_writing()
-
-    def _wake_drain(self, exc: Exception | None) -> None:
-        waiters, self._drain = self._drain, []
-        for fut in waiters:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-    async def drained(self) -> None:
-        """Return once the transport accepts writes again (the client read); raise if the connection is lost."""
-        if not self._admitted:
-            raise ConnectionResetError("client connection lost")
-        if not self._paused:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._drain.append(fut)
-        await fut
-
-    # ---------------------------------------------------------------- phases
-
-    def _arm(self, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._expired)
-
-    def busy(self) -> None:
-        self._phase = _BUSY
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def idle(self) -> None:
-        if self._phase == _BUSY and self._admitted:
-            self._phase = _IDLE
-            limits = self._guard.limits
-            # An unproven connection has sent only failed requests: it may not sit idle for long.
-            self._arm(limits.idle_timeout if self._proven else min(limits.idle_timeout, limits.head_timeout))
-
-    def _expired(self) -> None:
-        self._timer = None
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        if self._phase == _HEAD:
-            self._guard._refused("head-timeout", self._client,
-                                 f"no complete request head within {self._guard.limits.head_timeout:g}s")
-            transport.write(_canned("408 Request Timeout",
-                                    f"no complete request head within {self._guard.limits.head_timeout:g}s"))
-            transport.close()
-        elif self._phase == _IDLE:
-            transport.close()  # keep-alive over: an ordinary close, not an error
-
-
-class ConnectionGuard:
-    """Counts a listener's connections per client address and runs their head and idle deadlines."""
-
-    def __init__(
-        self,
-        name: str,
-        limits: GuardLimits,
-        on_refused: Callable[[str], None] | None = None,
-        proven_cap: Callable[[], int] | None = None,
-        on_grown: Callable[[], None] | None = None,
-    ) -> None:
-        self.name = name
-        self.limits = limits
-        self.on_refused = on_refused
-        # Proven connections one address may hold: at least limits.max_per_client; the service derives more
-        # from the fleet (a Prometheus holds one keep-alive connection per target).
-        self.proven_cap = proven_cap
-        self._unproven: dict[str, int] = {}  # client address -> unproven connections (over-the-cap ones too)
-        self._proven: dict[str, int] = {}  # client address -> proven connections
-        self._unproven_total = 0
-        self._over_total = 0
-        self._conns: dict[asyncio.BaseTransport, _GuardedProtocol] = {}
-        self._log = RateLimitedLog(log)
-        self.draining = False
-        self._empty_waiters: list[asyncio.Future[None]] = []
-        # Called when the authenticated connections grew by a step (GROWTH_STEP, or an eighth) since the last
-        # call: their objects are long-lived state, which the service freezes out of the collector's way
-        # (raven.ops.gcpause.settle_soon); otherwise every full collection walks all of them.
-        self.on_grown = on_grown
-        self._grown_from = 0
-
-    @property
-    def connections(self) -> int:
-        return len(self._conns)
-
-    @property
-    def unproven(self) -> int:
-        return self._unproven_total
-
-    def client_connections(self, client: str) -> int:
-        return self._unproven.get(client, 0) + self._proven.get(client, 0)
-
-    def client_proven(self, client: str) -> int:
-        return self._proven.get(client, 0)
-
-    def per_client_cap(self) -> int:
-        derived = self.proven_cap() if self.proven_cap is not None else 0
-        return max(self.limits.max_per_client, derived)
-
-    def wrap(
-        self, factory: Callable[[], asyncio.Protocol], client: str | None = None, over: bool = False
-    ) -> Callable[[], asyncio.BufferedProtocol]:
-        def make() -> asyncio.BufferedProtocol:
-            return _GuardedProtocol(self, factory(), client, over)
-
-        return make
-
-    def _admit(self, client: str) -> tuple[str | None, bool]:
-        """Count a new connection as unproven: (refusal or None, whether it is over max_connections)."""
-        limits = self.limits
-        held = self._unproven.get(client, 0)
-        if held >= limits.unproven_per_client:
-            self._refused("client-connections", client,
-                          f"client {client} holds {held} unauthenticated connections to {self.name} "
-                          f"(limit {limits.unproven_per_client} per client)")
-            return "too many connections from this address", False
-        if self._unproven_total >= limits.unproven_total:
-            self._refused("too-many-connections", client,
-                          f"{self.name} holds {self._unproven_total} unauthenticated connections "
-                          f"(limit {limits.unproven_total})")
-            return "too many connections; try again later", False
-        over = len(self._conns) - self._over_total >= limits.max_connections
-        if over and limits.max_unproven is None:  # a listener that never vouches: refused here and now
-            self._refused("too-many-connections", client,
-                          f"{self.name} holds {len(self._conns)} connections (limit {limits.max_connections})")
-            return "too many connections; try again later", False
-        self._unproven[client] = held + 1
-        self._unproven_total += 1
-        self._over_total += over
-        return None, over
-
-    def _release(self, client: str, transport: asyncio.BaseTransport | None, proven: bool = False,
-                 over: bool = False) -> None:
-        if transport is not None:
-            self._conns.pop(transport, None)
-        counts = self._proven if proven else self._unproven
-        held = counts.get(client, 0) - 1
-        if held > 0:
-            counts[client] = held
-        else:
-            counts.pop(client, None)
-        if not proven:
-            self._unproven_total -= 1
-        self._over_total -= over
-        self._grown_from = min(self._grown_from, len(self._conns) - self._unproven_total)
-        if not self._conns:
-            waiters, self._empty_waiters = self._empty_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-
-    def drain(self) -> int:
-        """Close every keep-alive connection that waits for its next request; returns how many.
-
-        A connection in the middle of a request (its head arriving, or being answered) is left alone: the
-        caller answers it with ``Connection: close``. Closing an idle keep-alive connection loses nothing: a
-        client that sent a request on it at that moment gets no byte of an answer, and HTTP clients (Go's, so
-        Prometheus's) send an idempotent request again on a new connection then.
-        """
-        self.draining = True
-        idle = [conn for conn in self._conns.values() if conn._phase == _IDLE]
-        for conn in idle:
-            if conn._transport is not None and not conn._transport.is_closing():
-                conn._transport.close()
-        return len(idle)
-
-    async def wait_empty(self) -> None:
-        """Return once the listener holds no connection (the caller bounds the wait)."""
-        while self._conns:
-            fut = asyncio.get_running_loop().create_future()
-            self._empty_waiters.append(fut)
-            await fut
-
-    def vouch(self, request: web.BaseRequest) -> tuple[str, str] | None:
-        """The handler vouches for ``request``'s connection (it presented valid credentials): make it proven.
-
-        Returns None when the connection is proven (or not guarded here), else why it may not be served, as
-        (label, reason): ``over-capacity`` (admitted while ``max_connections`` were held) or ``client-cap`` (its
-        address already holds its cap of proven connections). The handler then refuses the request and closes
-        the connection.
-        """
-        conn = self._conns.get(request.transport) if request.transport is not None else None
-        if conn is None or conn._proven:
-            return None
-        client = conn._client
-        if conn._over:
-            return "over-capacity", (f"the gateway's front end holds {len(self._conns) - self._over_total} "
-                                     f"connections (front.max_connections {self.limits.max_connections})")
-        held, cap = self._proven.get(client, 0), self.per_client_cap()
-        if held >= cap:
-            return "client-cap", (f"this client address holds {held} authenticated connections (limit {cap}: "
-                                  "front.max_connections_per_client, or more for the registered targets)")
-        conn._proven = True
-        self._proven[client] = held + 1
-        left = self._unproven.get(client, 0) - 1
-        if left > 0:
-            self._unproven[client] = left
-        else:
-            self._unproven.pop(client, None)
-        self._unproven_total -= 1
-        if self.on_grown is not None:
-            proven = len(self._conns) - self._unproven_total
-            if proven - self._grown_from >= max(GROWTH_STEP, self._grown_from // 8):
-                self._grown_from = proven
-                self.on_grown()
-        return None
-
-    def proven(self, request: web.BaseRequest) -> bool:
-        conn = self._conns.get(request.transport) if request.transport is not None else None
-        return conn is None or conn._proven
-
-    def _refused(self, label: str, client: str, why: str) -> None:
-        if self.on_refused is not None:
-            self.on_refused(label)
-        self._log.warning(client, label, "%s: connection from %s closed: %s", self.name, client, why)
-
-    async def drained(self, request: web.BaseRequest) -> None:
-        """Wait until ``request``'s connection can take more writes (for connections taken over, e.g. CONNECT)."""
-        conn = self._conns.get(request.transport) if request.transport is not None else None
-        if conn is not None:
-            await conn.drained()
-
-    def request_started(self, request: web.BaseRequest) -> None:
-        conn = self._conns.get(request.transport) if request.transport is not None else None
-        if conn is not None:
-            conn.busy()
-
-    def request_finished(self, request: web.BaseRequest) -> None:
-        conn = self._conns.get(request.transport) if request.transport is not None else None
-        if conn is not None:
-            conn.idle()
-
-
-def guarded_handler(guard: ConnectionGuard, handler: Handler) -> Handler:
-    """A low-level ``web.Server`` handler that tells the guard when each request starts and ends."""
-
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        guard.request_started(request)
-        try:
-            return await handler(request)
-        finally:
-            guard.request_finished(request)
-
-    return handle
-
-
-def guard_middleware(guard: ConnectionGuard) -> Any:
-    """The same for a ``web.Application`` (tunnel and ops listeners)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        return await guarded_handler(guard, handler)(request)
-
-    return middleware
 
 
 class GuardedSite(BaseSite):
@@ -500,11 +86,11 @@ class GuardedSite(BaseSite):
             try:
                 conn, addr = await loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors (EMFILE), or a connection reset before the accept
-                guard._log.warning("accept", "accept", "%s: accept failed: %s", guard.name, exc)
+                guard.accept_failed(exc)
                 await asyncio.sleep(0.05)
                 continue
             client = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
-            refusal, over = guard._admit(client)
+            refusal, over = guard.admit(client)
             if refusal is not None:
                 conn.close()  # no TLS yet, nothing to say: the refusal is counted and logged
                 continue
@@ -522,9 +108,9 @@ class GuardedSite(BaseSite):
             )
         except BaseException as exc:
             conn.close()
-            self._guard._release(client, None, False, over)  # its protocol never came up: released here
+            self._guard.release(client, None, False, over)  # its protocol never came up: released here
             if isinstance(exc, TimeoutError | ConnectionAbortedError):
-                self._guard._refused("head-timeout", client, f"no TLS handshake within "
+                self._guard.refused("head-timeout", client, f"no TLS handshake within "
                                      f"{self._guard.limits.head_timeout:g}s")
             if not isinstance(exc, Exception):
                 raise  # cancelled (the site stops)
@@ -546,7 +132,6 @@ class GuardedSite(BaseSite):
         self._accept = None
         if self._sock is not None:
             self._sock.close()
-            self._sock = None
             self._sock = None
         await super().stop()
 

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raven.demo import simexporter
+from raven.demo import simexporter, simserver
 from raven.demo.simexporter import SimExporter, SimNode, default_nodes, gpu_util, render_metrics
 from tests.support.paths import ROOT
 
@@ -179,7 +179,7 @@ def test_default_nodes() -> None:
 
 
 def test_accepts_gzip() -> None:
-    accepts = simexporter._accepts_gzip
+    accepts = simserver._accepts_gzip
     assert accepts("gzip")
     assert accepts("gzip, deflate, br")
     assert accepts("identity;q=0.5, GZIP;q=0.8")

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
-from agent.service import unreachable
+from agent.dialler import unreachable
 
 KEY = ConnectionKey("gw", 10262, True, True, None, None, None)
 
