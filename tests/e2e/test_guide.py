@@ -78,6 +78,6 @@ def test_the_readme_guide_runs_as_written(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 0, out[-4000:]
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0"' in out and 'DCGM_FI_DEV_GPU_UTIL{gpu="1"' in out, out[-3000:]  # 2 modes
-    assert "edge-gpu-1  pool-a  agent-pool-a-1  200" in out, out[-3000:]  # raven status
+    assert "edge-gpu-1  pool-a  tunnel  agent-pool-a-1  200" in out, out[-3000:]  # raven status
     assert "127.0.0.1\tedge-gpu-1" in out  # the hosts file
     assert '"job":"edge-dcgm"' in out  # Prometheus has the target up (the grep in the block checks the 1)
