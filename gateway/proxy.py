@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client import Counter, Histogram
 
 from gateway.admission import Admission, Exchange
 from gateway.auth import FrontAuth
@@ -66,6 +67,18 @@ class _BodyProgress:
     waiting_for_client: bool = False
 
 
+# Cached metric children (Proxy._pool_metrics): pools, and (kind, code) pairs per pool, kept at most.
+_MAX_CACHED = 1024
+
+
+@dataclass(slots=True)
+class _PoolMetrics:
+    latency: Histogram
+    to_edge: Counter
+    from_edge: Counter
+    requests: dict[tuple[str, str], Counter]  # (kind, code) -> raven_gateway_requests_total's child
+
+
 class _RelayResponse(web.StreamResponse):
     """A streamed response whose head leaves with the first body bytes: one write and one packet, not two.
 
@@ -105,6 +118,7 @@ class Proxy:
         self.guard = guard
         self.last: dict[str, NodeResult] = {}  # registered node -> its latest request's outcome (status page)
         self._log = RateLimitedLog(log)
+        self._per_pool: dict[str, _PoolMetrics] = {}  # pool -> its metric children (see _pool_metrics)
 
     @property
     def idle(self) -> asyncio.Event:
@@ -138,18 +152,36 @@ class Proxy:
         """The one place a request's outcome is counted: its metrics, and for a registered node its last scrape."""
         if not ex.code:
             return  # ended before it was answered in any way (cannot happen but by a bug): nothing to count
-        self.metrics.requests.labels(ex.pool, ex.kind, ex.code).inc()
+        per_pool = self._per_pool.get(ex.pool)
+        if per_pool is None:
+            per_pool = self._pool_metrics(ex.pool)
+        counter = per_pool.requests.get((ex.kind, ex.code))
+        if counter is None:
+            if len(per_pool.requests) >= _MAX_CACHED:
+                per_pool.requests.clear()
+            counter = per_pool.requests[ex.kind, ex.code] = self.metrics.requests.labels(ex.pool, ex.kind, ex.code)
+        counter.inc()
         if ex.observe:
-            self.metrics.latency.labels(ex.pool).observe(time.monotonic() - ex.start)
+            per_pool.latency.observe(time.monotonic() - ex.start)
         if ex.sent:
-            self.metrics.bytes.labels(ex.pool, "to_edge").inc(ex.sent)
+            per_pool.to_edge.inc(ex.sent)
         if ex.received:
-            self.metrics.bytes.labels(ex.pool, "from_edge").inc(ex.received)
+            per_pool.from_edge.inc(ex.received)
         if ex.last_scrape and ex.node in self.registry.nodes:
             self.last[ex.node] = NodeResult(time.time(), ex.code, ex.reason[:300])
         if len(self.last) > len(self.registry.nodes) + 1024:  # nodes that left: forget them
             for name in [n for n in self.last if n not in self.registry.nodes]:
                 del self.last[name]
+
+    def _pool_metrics(self, pool: str) -> _PoolMetrics:
+        """The pool's metric children, looked up once (prometheus-client's ``labels()`` costs microseconds a call,
+        several per request otherwise). The same children prometheus-client holds anyway; bounded all the same."""
+        if len(self._per_pool) >= _MAX_CACHED:
+            self._per_pool.clear()
+        m = self.metrics
+        found = self._per_pool[pool] = _PoolMetrics(
+            m.latency.labels(pool), m.bytes.labels(pool, "to_edge"), m.bytes.labels(pool, "from_edge"), {})
+        return found
 
     def _refuse(self, ex: Exchange, ref: Refusal) -> web.Response:
         request = ex.request

@@ -4,6 +4,7 @@ filter, and what the agent makes of the terms (within its own bounds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -160,6 +161,15 @@ def test_as_sent_writes_the_terms_as_the_version_says() -> None:
     # An OPEN given without terms is sent with all of them unset (the agent's own then apply).
     assert as_sent(http_open(None), 1, 3).fields == OpenFields()
     assert as_sent(http_open(None), 1, 2) == http_open(None)
+
+
+def test_as_sent_keeps_every_other_field_of_the_frame() -> None:
+    # as_sent builds the frame field by field (not with dataclasses.replace): a field added to Open must be
+    # carried over there too, or this fails.
+    frame = Open(0, wire.StreamKind.TCP, "edge-2", 10250, "POST", "/x?y", (("A", "b"),), True, TERMS)
+    assert as_sent(frame, 7, FIELDS_FROM) == dataclasses.replace(frame, stream_id=7)
+    assert as_sent(frame, 7, 2) == dataclasses.replace(frame, stream_id=7, fields=None,
+                                                       headers=(("A", "b"), *legacy_headers(TERMS)))
 
 
 def test_legacy_headers_name_only_what_is_set() -> None:
