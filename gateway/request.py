@@ -7,6 +7,7 @@ whose reason code fixes the status and the metric label, and whose text a user c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ def parse_target(request: web.BaseRequest) -> Target:
     return Target(node, port, raw, wire.StreamKind.HTTP)
 
 
+@functools.lru_cache(maxsize=4096)  # computed per request otherwise; a fleet has a few scrapers, and it is bounded
 def client_key(address: str) -> str:
     """The fairness key sent to the agent: stable for one client address across replicas, not the address."""
     return hashlib.blake2b(address.encode(), digest_size=8).hexdigest()

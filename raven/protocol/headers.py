@@ -45,14 +45,19 @@ COMPRESS_HEADER = "x-raven-compress"  # gateway -> agent: "0" when the pool's up
 def filter_headers(pairs: Collection[tuple[str, str]], drop: Collection[str] = frozenset()) -> Headers:
     """The one header filter: ``pairs`` without hop-by-hop headers, those a Connection header names, Raven's own
     (``x-raven-*``) and those named in ``drop`` (lower case)."""
-    named: set[str] = set()
-    for name, value in pairs:
-        if name.lower() == "connection":
-            named.update(t.strip().lower() for t in value.split(","))
+    # One pass (this runs twice a request): each name is lowered once; the names a Connection header lists are
+    # taken out afterwards (that header is rare: HTTP/1.1 keep-alive needs none).
+    named: set[str] | None = None
     out = []
     for name, value in pairs:
         low = name.lower()
-        if low in HOP_BY_HOP or low in named or low in drop or low.startswith(RAVEN_PREFIX):
+        if low in HOP_BY_HOP or low in drop or low.startswith(RAVEN_PREFIX):
+            if low == "connection":
+                if named is None:
+                    named = set()
+                named.update(t.strip().lower() for t in value.split(","))
             continue
         out.append((name, value))
+    if named:
+        return tuple(pair for pair in out if pair[0].lower() not in named)
     return tuple(out)

@@ -38,11 +38,10 @@ def as_sent(frame: wire.Open, stream_id: int, version: int) -> wire.Open:
     # Built field by field, not with dataclasses.replace: this runs once per request, and replace() inspects the
     # class's fields each time (several times the cost).
     if version >= wire.FIELDS_FROM:
-        headers = frame.headers
-    else:
-        headers, fields = (*frame.headers, *legacy_headers(fields)), None
-    return wire.Open(stream_id, frame.kind, frame.node, frame.port, frame.method, frame.target, headers, frame.fin,
-                     fields)
+        return wire.Open(stream_id, frame.kind, frame.node, frame.port, frame.method, frame.target, frame.headers,
+                         frame.fin, fields)
+    return wire.Open(stream_id, frame.kind, frame.node, frame.port, frame.method, frame.target,
+                     (*frame.headers, *legacy_headers(fields)), frame.fin, None)
 
 
 def check_version(frame: wire.Open, version: int) -> None:
