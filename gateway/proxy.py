@@ -345,8 +345,11 @@ class Proxy:
         first: bytes | memoryview = b""
         if not no_body:
             try:
-                async with asyncio.timeout_at(self._loop_deadline(ex.deadline)):
+                if stream.readable:  # usually so: HEAD, DATA and FIN of a page come in one message; no timer then
                     first = await stream.read()
+                else:
+                    async with asyncio.timeout_at(self._loop_deadline(ex.deadline)):
+                        first = await stream.read()
             except TimeoutError:
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
                 raise Refusal(Reason.TIMEOUT, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent "

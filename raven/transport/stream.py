@@ -88,6 +88,11 @@ class Stream:
         return self._finished.done()
 
     @property
+    def readable(self) -> bool:
+        """:meth:`read` would return (or raise) without waiting: data, the end or a reset is already here."""
+        return bool(self._chunks) or self._remote_fin or self._reset is not None
+
+    @property
     def reset_error(self) -> StreamReset | None:
         return self._reset
 

@@ -54,6 +54,7 @@ async def test_request_response_and_streams_released() -> None:
     gw, ag, tasks = await pair(on_open)
     try:
         stream = gw.open_stream(http_open())
+        assert not stream.readable  # nothing has come back yet: a read would wait
         head = await asyncio.wait_for(stream.head(), 5)
         assert head.status == 200
         got = bytearray()
@@ -138,7 +139,9 @@ async def test_an_answer_sent_before_the_request_body_ended_is_read_whole_despit
         assert stream.reset_error is not None and stream.reset_error.code == wire.ResetCode.CANCEL
         head = await asyncio.wait_for(stream.head(), 5)
         assert head.status == 405
+        assert stream.readable  # the gateway reads without arming a timer then
         assert await stream.read() == b"POST not allowed\n"
+        assert stream.readable  # the end (and the reset) are here too
         assert await stream.read() == b""
     finally:
         await _close_all(gw, ag, tasks=tasks)
