@@ -33,14 +33,16 @@ poll = functools.partial(eventually, interval=0.25, tolerate=NOT_YET)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Testbed]:
+async def bed(request: pytest.FixtureRequest) -> AsyncIterator[Testbed]:
     tb = Testbed(replicas=2, scrape_interval=INTERVAL)  # its own folder: kept (logs) unless all went well
+    failed_before = request.session.testsfailed
     ok = False
     try:
         await tb.start()
         await tb.wait_all_up(90)
         yield tb
-        ok = True
+        # A failed test does not raise here: the session's count of failures says whether all went well.
+        ok = request.session.testsfailed == failed_before
     finally:
         await tb.close()
         if ok:
