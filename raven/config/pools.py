@@ -16,29 +16,16 @@ A pool's reach comes from, in this order: its entry in ``pools:``, its Nodes' la
 
 from __future__ import annotations
 
-import ipaddress
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from raven.protocol import wire
+from raven.config.base import NodeName
+from raven.layer3.config import IPAddress
 
 Reach = Literal["tunnel", "direct", "layer3"]
 REACHES: tuple[Reach, ...] = ("tunnel", "direct", "layer3")
 DirectHosts = Literal["omit", "internal-ip"]
-
-
-def _node_name(value: str) -> str:
-    if not wire.valid_node_name(value):
-        raise ValueError(f"{value!r} is not a valid node name (RFC 1123: lower-case letters, digits, '-', '.')")
-    return value
-
-
-def _ip(value: str) -> str:
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise ValueError(f"{value!r} is not an IPv4 or IPv6 address") from None
 
 
 class _Model(BaseModel):
@@ -48,8 +35,8 @@ class _Model(BaseModel):
 class PoolNode(_Model):
     """A node of a pool the gateway cannot learn from an agent (direct or layer-3 pools outside Kubernetes)."""
 
-    name: Annotated[str, AfterValidator(_node_name)]
-    address: Annotated[str, AfterValidator(_ip)] | None = Field(
+    name: NodeName
+    address: IPAddress | None = Field(
         None, description="the node's address Prometheus can reach (its InternalIP); without it, the node's name",
     )
 
