@@ -107,11 +107,7 @@ class LinkBed(Testbed):
         for site in self.sites:
             for agent in site.agents:
                 await self.start_agent(site, agent)
-        await self.spawn("prometheus", "rv-cloud", [
-            prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={self.workdir / 'prometheus-data'}", "--web.listen-address=0.0.0.0:9090",
-            "--log.level=warn",
-        ])
+        await self.start_prometheus(prometheus)
 
     @staticmethod
     async def _ip(*args: str) -> None:

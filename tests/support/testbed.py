@@ -362,11 +362,7 @@ class Testbed:
         for site in self.sites:
             for agent in site.agents:
                 await self.start_agent(site, agent)
-        await self.spawn("prometheus", "rv-cloud", [
-            prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={self.workdir / 'prometheus-data'}", "--web.listen-address=0.0.0.0:9090",
-            "--log.level=warn",
-        ])
+        await self.start_prometheus(prometheus)
 
     async def close(self) -> None:
         names = list(self.processes)
@@ -434,6 +430,14 @@ class Testbed:
 
     def edge_targets(self) -> list[str]:
         return sorted(f"{n}:{port}" for s in self.sites for n in s.nodes for port in (9400, 9100))
+
+    async def start_prometheus(self, prometheus: str) -> None:
+        """Debian's Prometheus in the cloud namespace, with this bed's prometheus.yml and its own storage."""
+        await self.spawn("prometheus", "rv-cloud", [
+            prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.workdir / 'prometheus-data'}", "--web.listen-address=0.0.0.0:9090",
+            "--log.level=warn",
+        ])
 
     @staticmethod
     def direct_targets() -> list[str]:
