@@ -390,19 +390,19 @@ class Proxy:
             ex.code, ex.reason = "client-gone", "the client left mid-response"
             return resp
         except _ClientStalled:
-            stream.reset(wire.ResetCode.CANCEL, "the client stopped reading the response")
-            self._log.warning(request.remote or "?", "client-stalled",
-                              "%s %s: client %s read none of the response from node %r for %.0fs after %d bytes: "
-                              "stream reset, connection closed", request.method, path_for_log(target.path),
-                              request.remote, target.node, self.cfg.write_stall_timeout, received)
-            self._abort(request)
-            ex.code, ex.reason = "client-stalled", "the client stopped reading"
-            self.metrics.front_refused.labels(Reason.WRITE_STALL.label).inc()
+            self._stalled(ex, stream, received)
             return resp
         try:
-            await resp.write_eof()
+            # The end of the response waits for the client to take what is still buffered (aiohttp drains here
+            # whatever was written before): the same deadline as any write, so a client that stops reading just
+            # before the end cannot hold the stream and its node's slot for ever.
+            async with asyncio.timeout(self.cfg.write_stall_timeout):
+                await resp.write_eof()
         except ConnectionError:
             ex.code, ex.reason = "client-gone", "the client left before the end of the response"
+            return resp
+        except TimeoutError:
+            self._stalled(ex, stream, received)
             return resp
         ex.code, ex.observe = str(head.status), True
         return resp
@@ -414,6 +414,19 @@ class Proxy:
                 await resp.write(chunk)
         except TimeoutError:
             raise _ClientStalled from None
+
+    def _stalled(self, ex: Exchange, stream: Stream, received: int) -> None:
+        """The client read none of its response for write_stall_timeout: reset the stream, close the connection."""
+        request, target = ex.request, ex.target
+        assert target is not None
+        stream.reset(wire.ResetCode.CANCEL, "the client stopped reading the response")
+        self._log.warning(request.remote or "?", "client-stalled",
+                          "%s %s: client %s read none of the response from node %r for %.0fs after %d bytes: "
+                          "stream reset, connection closed", request.method, path_for_log(target.path),
+                          request.remote, target.node, self.cfg.write_stall_timeout, received)
+        self._abort(request)
+        ex.code, ex.reason = "client-stalled", "the client stopped reading"
+        self.metrics.front_refused.labels(Reason.WRITE_STALL.label).inc()
 
     @staticmethod
     def _loop_deadline(deadline: float) -> float:
