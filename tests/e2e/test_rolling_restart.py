@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import shutil
 import signal
 import time
@@ -49,6 +50,21 @@ async def bed(request: pytest.FixtureRequest) -> AsyncIterator[Testbed]:
             shutil.rmtree(tb.workdir, ignore_errors=True)
         else:
             print(f"testbed logs kept in {tb.workdir}")
+            print_log_tails(tb)
+
+
+def print_log_tails(tb: Testbed, lines: int = 40) -> None:
+    """What every process logged about draining, endpoints and failures, in the test's output: on CI the kept
+    folder cannot be read afterwards."""
+    notable = re.compile(r"warn|error|drain|refus|fail|ready|closed|sigterm", re.IGNORECASE)
+    for log in sorted(tb.workdir.glob("*.log")):
+        try:
+            found = [line for line in log.read_text(errors="replace").splitlines() if notable.search(line)]
+        except OSError as exc:
+            print(f"--- {log.name}: {exc}")
+            continue
+        print(f"--- {log.name} ({len(found)} notable lines, the last {min(lines, len(found))})",
+              *(line[:300] for line in found[-lines:]), sep="\n")
 
 
 async def failed_scrapes(bed: Testbed, since: float) -> list[tuple[float, str]]:
