@@ -479,7 +479,10 @@ class Proxy:
                 ex.sent, ex.received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
                                                         self.cfg.write_stall_timeout)
                 ex.code, ex.observe = "200", True
-                transport.close()
+                if transport.get_write_buffer_size():
+                    self._abort(request)  # the client stopped reading: a close would wait for it for ever
+                else:
+                    transport.close()
                 return web.Response(status=200)
             finally:
                 stream.close()

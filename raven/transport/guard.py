@@ -20,7 +20,11 @@ the accounts:
   request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
   connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
   that byte; a connection that misses a deadline is closed (``408`` for a started head);
-- TLS listeners get ``head_timeout`` as the TLS handshake deadline too.
+- TLS listeners get ``head_timeout`` as the TLS handshake deadline too;
+- a close waits for what is still buffered to be sent, and a client that reads nothing (its window stays
+  zero) would keep a closed connection, its slot and its descriptor for ever: at every expiry of the timer a
+  connection with bytes still buffered that the client took none of since the last one is aborted (a reset),
+  whatever its phase, and a close is always followed by the timer, so that it finishes or is aborted.
 
 While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
 write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
@@ -110,8 +114,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     :class:`_ReadBuffer`) and hands aiohttp's protocol a copy with ``data_received``.
     """
 
-    __slots__ = ("_admitted", "_client", "_drain", "_guard", "_inner", "_over", "_paused", "_phase", "_preadmitted",
-                 "_proven", "_timer", "_transport")
+    __slots__ = ("_admitted", "_buffered", "_client", "_drain", "_guard", "_inner", "_over", "_paused", "_phase",
+                 "_preadmitted", "_proven", "_timer", "_transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
                  over: bool = False) -> None:
@@ -128,6 +132,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._proven = False
         self._over = over  # admitted beyond max_connections: its first request is refused
         self._drain: list[asyncio.Future[None]] = []
+        self._buffered = 0  # bytes still to send at the last expiry (0: none): the client's progress since
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -214,6 +219,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
 
     def busy(self) -> None:
         self._phase = _BUSY
+        self._buffered = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -228,14 +234,31 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     def _expired(self) -> None:
         self._timer = None
         transport = self._transport
-        if transport is None or transport.is_closing():
+        if transport is None:
             return
+        head_timeout = self._guard.limits.head_timeout
+        buffered = transport.get_write_buffer_size()
+        if buffered and (self._buffered == 0 or buffered < self._buffered):
+            # An answer is still going out and the client took some of it since the last look (or this is the
+            # first): look again, a close now would wait for the same bytes.
+            self._buffered = buffered
+            self._arm(head_timeout)
+            return
+        if buffered:
+            # The client took nothing for a whole period: a close would never finish (it waits for these
+            # bytes); a reset frees the connection now.
+            self._guard.refused("write-stall", self._client,
+                                f"read none of the {buffered} bytes still to send for {head_timeout:g}s")
+            transport.abort()
+            return
+        self._buffered = 0
+        if transport.is_closing():
+            return  # closing with nothing left to send: its end is on the way
         if self._phase == _HEAD:
-            self._guard.refused("head-timeout", self._client,
-                                 f"no complete request head within {self._guard.limits.head_timeout:g}s")
-            transport.write(_canned("408 Request Timeout",
-                                    f"no complete request head within {self._guard.limits.head_timeout:g}s"))
+            self._guard.refused("head-timeout", self._client, f"no complete request head within {head_timeout:g}s")
+            transport.write(_canned("408 Request Timeout", f"no complete request head within {head_timeout:g}s"))
             transport.close()
+            self._arm(head_timeout)  # the 408 may not go out: a client that reads nothing is reset then
         elif self._phase == _IDLE:
             transport.close()  # keep-alive over: an ordinary close, not an error
 
