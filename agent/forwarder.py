@@ -62,6 +62,7 @@ class Forwarder:
         client_share: float = 0.5,
         idle_timeout: float = IDLE_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        on_grown: Callable[[], None] | None = None,
     ) -> None:
         self.pool = pool
         self.nodes = nodes
@@ -75,7 +76,8 @@ class Forwarder:
         # Keep-alive connections to the nodes: idle ones per node are bounded by its slots, which bound the busy
         # ones; all of them together by max_connections, and idle ones close after idle_timeout (agent/upstream.py).
         self._upstream = UpstreamPool(connect_timeout, max_idle=connections_per_node, idle_timeout=idle_timeout,
-                                      max_connections=max_connections, on_wait=metrics.upstream_waits.inc)
+                                      max_connections=max_connections, on_wait=metrics.upstream_waits.inc,
+                                      on_grown=on_grown)
         up = self._upstream
         metrics.upstream_open.set_function(lambda: up.open_connections)
         metrics.upstream_idle.set_function(lambda: up.idle_total)

@@ -102,6 +102,7 @@ class Agent:
             client_share=cfg.upstream_client_share,
             idle_timeout=cfg.upstream_idle_timeout,
             max_connections=self._upstream_cap(cfg),
+            on_grown=gcpause.settle_soon,  # keep-alive connections to nodes are long-lived: frozen out of the GC's way
         )
         self.forwarder.compress_mode = cfg.compress
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None

@@ -59,6 +59,7 @@ from agent.upstreamconn import (
     request_head,
 )
 from raven.protocol import IDEMPOTENT
+from raven.transport.guard import GROWTH_STEP
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -88,15 +89,25 @@ class UpstreamPool:
     :meth:`slot` for a raw TCP relay). At the cap, a new connection first closes the least recently used idle
     one; when every connection is busy it waits (first come, first served) up to ``connect_timeout`` and then
     fails with :class:`PoolFull`, which says why.
+
+    Keep-alive connections are long-lived state (each holds a protocol, a parser, a transport and their buffers,
+    which the garbage collector tracks): ``on_grown`` is called when the open connections grew by a step
+    (``GROWTH_STEP``, or an eighth of them) above the mark of the last call, the mark following them down as they
+    close (as :class:`~raven.transport.guard.ConnectionGuard` does for the gateway's front end); the agent wires it
+    to ``raven.ops.gcpause.settle_soon``, which freezes them out of the collector's way. Churn below the mark (a
+    connection closed and another opened) does not call it.
     """
 
     def __init__(self, connect_timeout: float, max_idle: int, idle_timeout: float = IDLE_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS, on_wait: Callable[[], None] | None = None) -> None:
+                 max_connections: int = MAX_CONNECTIONS, on_wait: Callable[[], None] | None = None,
+                 on_grown: Callable[[], None] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.on_wait = on_wait  # called when a request has to wait for a connection (everything busy at the cap)
+        self.on_grown = on_grown
+        self._grown_from = 0  # open connections at the last on_grown (lowered as they close)
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._lru: dict[Connection, float] = {}  # idle connections, oldest first -> when they became idle
         self._open: set[Connection] = set()
@@ -237,6 +248,10 @@ class UpstreamPool:
                 transport.abort()
                 raise RequestFailed("node closed the connection before the request was sent")
             self._open.add(conn)
+            if self.on_grown is not None and len(self._open) - self._grown_from >= max(GROWTH_STEP,
+                                                                                       self._grown_from // 8):
+                self._grown_from = len(self._open)
+                self.on_grown()
             return conn
         finally:
             self._reserved -= 1  # the slot is now the open connection's (or free again)
@@ -309,6 +324,7 @@ class UpstreamPool:
                 del self._idle[conn.key]
         if conn in self._open:
             self._open.discard(conn)
+            self._grown_from = min(self._grown_from, len(self._open))
             self._hand_over()
 
     async def close(self) -> None:

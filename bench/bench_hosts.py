@@ -6,7 +6,10 @@ gateway :class:`~gateway.registry.Registry`, then prints:
 - the memory the registry holds per registered node (tracemalloc, allocations made while registering);
 - the time to render the whole hosts file and the shards (median of --repeat renders), and their sizes
   against one ConfigMap's limit, for IPv4 and for IPv4 + IPv6 service addresses;
-- how many names of this length one ConfigMap holds (the ceiling) and the shards needed.
+- how many names of this length one ConfigMap holds (the ceiling) and the shards needed;
+- how long the gateway's event loop stalls while the publisher renders the shards (its snapshot of the registry
+  on the loop, the render in a worker thread), against a render on the loop: the longest gap between two turns
+  of a ticker task, and the ticker's turns during the publish.
 
     .venv/bin/python bench/bench_hosts.py --nodes 100000 --shards 4
 
@@ -16,6 +19,7 @@ This is a benchmark, not a test: its figures depend on the machine (see docs/per
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import statistics
 import sys
@@ -24,8 +28,10 @@ import tracemalloc
 from typing import Any
 
 from gateway.registry import AgentSession, Registry
-from raven.dns.hosts import CONFIGMAP_MAX_BYTES, render
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, render
+from raven.dns.names import NameRule
 from raven.dns.shards import ceiling, render_shards
+from raven.ops.gcpause import GC_THRESHOLDS, GcPauses
 from raven.protocol import wire
 
 
@@ -72,6 +78,8 @@ def main(args: argparse.Namespace) -> int:
           f"the registry holds {held / 2**20:.1f} MiB, "
           f"{held / len(registry.nodes):.0f} B per node")
     known = sorted(e.name for e in registry.known_nodes())
+    gc.set_threshold(*GC_THRESHOLDS)  # as a gateway runs: the registry frozen by a settle after registrations
+    gc.freeze()
     for label, addresses in (("IPv4", ["10.96.123.45"]), ("IPv4+IPv6", ["10.96.123.45", "fd00:10:96::1234"])):
         t_whole, whole = timed(lambda a=addresses: render(known, a), args.repeat)
         t_shards, shards = timed(lambda a=addresses: render_shards(known, a, args.shards), args.repeat)
@@ -83,7 +91,56 @@ def main(args: argparse.Namespace) -> int:
               f"{-(-len(known) // cap)} shards); {args.shards} shards in {t_shards * 1000:.0f} ms, largest "
               f"{max(sizes) / 2**20:.2f} MiB, smallest {min(sizes) / 2**20:.2f} MiB "
               f"({'all fit' if max(sizes) <= CONFIGMAP_MAX_BYTES else 'one does NOT fit'})")
+        print(f"{label}: " + asyncio.run(stalls(registry, addresses, args.shards, args.repeat)))
     return 0
+
+
+async def stalls(registry: Registry, addresses: list[str], shards: int, repeat: int) -> str:
+    """The event loop's longest stall and its turns while the publisher renders ``shards`` shards, in a worker
+    thread (as the gateway does) and on the loop (as it did); worst of ``repeat`` publishes."""
+    rule = NameRule()  # as the gateway publishes: names copied on the loop, the rule applied in the thread
+    publisher = HostsPublisher(lambda: [e.name for e in registry.nodes.values()], addresses, 0.0, [], shards=shards,
+                               select=rule.publishable)
+
+    async def on_loop() -> bool:
+        contents, _ = publisher.render_snapshot(*publisher.snapshot(), shards=shards)
+        return bool(contents)
+
+    out = []
+    for label, publish in (("render in a worker thread", publisher.publish_once), ("render on the loop", on_loop)):
+        worst, turns, took, gc_worst = 0.0, [], [], 0.0
+        for _ in range(repeat):
+            done = asyncio.Event()
+            gaps = [0.0, 0]
+
+            async def ticker(gaps: list[float] = gaps, done: asyncio.Event = done) -> None:
+                last = time.perf_counter()
+                while not done.is_set():
+                    await asyncio.sleep(0)
+                    now = time.perf_counter()
+                    gaps[0], gaps[1], last = max(gaps[0], now - last), gaps[1] + 1, now
+
+            task = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            pauses = GcPauses()
+            gc.callbacks.append(pauses.callback)
+            start = time.perf_counter()
+            try:
+                assert await publish()
+            finally:
+                gc.callbacks.remove(pauses.callback)
+            took.append(time.perf_counter() - start)
+            done.set()
+            await task
+            worst, turns = max(worst, gaps[0]), [*turns, int(gaps[1])]
+            gc_worst = max(gc_worst, *pauses.max)
+        out.append(f"{label}: publish {statistics.median(took) * 1000:.0f} ms, longest loop stall "
+                   f"{worst * 1000:.0f} ms (longest collection {gc_worst * 1000:.0f} ms), {min(turns)}-{max(turns)} "
+                   "loop turns during it")
+    start = time.perf_counter()
+    publisher.snapshot()
+    return (f"{shards} shards published, snapshot on the loop {(time.perf_counter() - start) * 1000:.0f} ms; "
+            + "; ".join(out))
 
 
 def cli() -> int:

@@ -81,7 +81,8 @@ class Gateway:
                 sinks.append((str(path), k, file_sink(path)))
         self.hosts = HostsPublisher(self.edge_names, cfg.hosts.service_addresses, cfg.hosts.debounce, sinks,
                                     ready=lambda: self.kube_synced and self.ready()[0], shards=cfg.hosts.shards,
-                                    direct=lambda: self.pools.hosts_entries(self.registry.known_nodes()))
+                                    direct=lambda: self.pools.hosts_entries(self.registry.nodes.values()),
+                                    select=self.edge_names_allowed)
         self.registry.on_change = self.hosts.changed
         ident = pki.load_identity(cfg.tls.cert)
         if ident.role in ("agent", "ca"):
@@ -266,14 +267,23 @@ class Gateway:
         """The one source of truth for DNS: every known node of a tunnel pool (and, in Kubernetes, every such Node).
 
         Names the name rule refuses (the cluster's own, or names that read as addresses) never reach DNS,
-        whatever a Node is called. Nodes of direct and layer3 pools are left to the cluster's own resolution
-        (or, with ``hosts.direct: internal-ip``, mapped to their own addresses by the publisher).
+        whatever a Node is called: the publisher sorts them and applies :meth:`edge_names_allowed` in its worker
+        thread; this runs on the event loop, so it only copies the names out (in no order, maybe twice).
+        Nodes of direct and layer3 pools are left to the cluster's own resolution (or, with ``hosts.direct:
+        internal-ip``, mapped to their own addresses by the publisher).
         """
-        tunnelled = self.pools.tunnelled
-        names = {e.name for e in self.registry.known_nodes() if tunnelled(e.pool)}
-        names |= {n.name for n in self.kube_nodes.values() if not n.pool or tunnelled(n.pool)}
-        rule = self.registry.names
-        return sorted(n for n in names if rule.allows(n))
+        nodes = list(self.registry.nodes.values())
+        kube = list(self.kube_nodes.values())
+        pools = {e.pool for e in nodes} | {n.pool for n in kube if n.pool}
+        tunnelled = {pool: self.pools.tunnelled(pool) for pool in pools}  # once per pool, not per node
+        names = [e.name for e in nodes if tunnelled[e.pool]]
+        names += [n.name for n in kube if not n.pool or tunnelled[n.pool]]
+        return names
+
+    def edge_names_allowed(self, valid: list[str]) -> list[str]:
+        """The names of ``valid`` the name rule allows; run in the hosts publisher's worker thread: it reads one
+        attribute and the rule, which is never changed in place (a configuration reload replaces it whole)."""
+        return self.registry.names.publishable(valid)
 
     # ------------------------------------------------------------ Kubernetes
 

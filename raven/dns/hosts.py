@@ -9,10 +9,14 @@ no timestamp, so it changes only when the set of nodes or addresses changes.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import ipaddress
+import itertools
 import logging
+import operator
 import os
+import re
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,8 +26,51 @@ from raven.protocol import wire
 
 log = logging.getLogger("raven.hosts")
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 # A ConfigMap's data may hold at most 1 MiB (etcd's object limit): the hosts file must fit in it.
 CONFIGMAP_MAX_BYTES = 1024 * 1024 - 8 * 1024  # what is left after the object's metadata
+
+
+# Names are checked in batches with one regular expression over the batch joined by newlines: one C call for a few
+# thousand names instead of a Python call each (the same grammar as wire.valid_node_name, with possessive
+# quantifiers: a label cannot backtrack past its delimiter, so it matches exactly what the per-name one does).
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,62}+(?<=[a-z0-9]))?+"
+_NAMES = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*+\n)*+")
+_BATCH = 4096  # names per regular expression call: each holds the GIL for ~1 ms at most
+
+
+def check_names(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``names`` sorted without duplicates, split into those the hosts file can carry (RFC 1123, lower case, at
+    most 253 characters) and those it cannot."""
+    unique = sorted(names)  # in one pass when sorted already, as the publisher's names are
+    if any(map(operator.eq, unique, itertools.islice(unique, 1, None))):
+        unique = list(dict.fromkeys(unique))
+    if not unique:
+        return [], []
+    bad: list[str] = []
+    for start in range(0, len(unique), _BATCH):
+        batch = unique[start:start + _BATCH]
+        text = "\n".join(batch) + "\n"
+        if (text.count("\n") == len(batch) and max(map(len, batch)) <= 253
+                and _NAMES.fullmatch(text) is not None):
+            continue
+        bad.extend(name for name in batch if not wire.valid_node_name(name))
+    if not bad:
+        return unique, []
+    refused = set(bad)
+    return [name for name in unique if name not in refused], bad
+
+
+def service_addresses(addresses: Iterable[str]) -> list[Address]:
+    """The service addresses parsed, IPv4 first, in the order the hosts file lists them."""
+    addrs = []
+    for a in addresses:
+        try:
+            addrs.append(ipaddress.ip_address(a))
+        except ValueError:
+            raise ValueError(f"{a!r} is not an IPv4 or IPv6 address") from None
+    return sorted(addrs, key=lambda ip: (ip.version, ip))
 
 
 def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven gateway",
@@ -33,40 +80,52 @@ def render(names: Iterable[str], addresses: Sequence[str], writer: str = "raven 
     ``direct``: names of pools scraped without the tunnel, each mapped to its own node's address
     (``hosts.direct: internal-ip``); a name in both is the tunnel's.
     """
-    addrs = []
-    for a in addresses:
-        try:
-            addrs.append(ipaddress.ip_address(a))
-        except ValueError:
-            raise ValueError(f"{a!r} is not an IPv4 or IPv6 address") from None
-    ordered = sorted(addrs, key=lambda ip: (ip.version, ip))
-    unique = sorted(set(names))
-    for name in unique:
-        if not wire.valid_node_name(name):
-            raise ValueError(f"{name!r} is not a valid RFC 1123 node name")
+    ordered = service_addresses(addresses)
+    unique, bad = check_names(names)
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a valid RFC 1123 node name")
+    return render_checked(unique, ordered, writer, direct)
+
+
+def render_checked(unique: Sequence[str], ordered: Sequence[Address], writer: str = "raven gateway",
+                   direct: Mapping[str, str] | None = None) -> str:
+    """:func:`render` of names already through :func:`check_names` (sorted, unique, valid) and addresses through
+    :func:`service_addresses`: what the publisher runs in a worker thread."""
     lines = [
         f"# Edge node names served through the Raven tunnel. Written by {writer}; do not edit:",
         "# every write replaces the whole file.",
         f"# {len(unique)} node(s) -> {', '.join(str(a) for a in ordered) or 'no service address configured'}",
     ]
-    own = {}
+    own: dict[str, str] = {}
     for name, address in (direct or {}).items():
-        if name in unique or not wire.valid_node_name(name):
+        at = bisect.bisect_left(unique, name)
+        if (at < len(unique) and unique[at] == name) or not wire.valid_node_name(name):
             continue
         try:
-            own[name] = ipaddress.ip_address(address)
+            own[name] = str(ipaddress.ip_address(address))
         except ValueError:
             raise ValueError(f"{address!r} (node {name!r}) is not an IPv4 or IPv6 address") from None
     if own:
         lines.append(f"# {len(own)} node(s) of direct and layer3 pools -> their own addresses")
-    texts = [f"{ip}\t" for ip in ordered]  # formatted once: an IPv6 address's str() is slow
-    for name in sorted({*unique, *own}) if own else unique:
-        if name in own:
-            lines.append(f"{own[name]}\t{name}")
-            continue
-        for text in texts:
-            lines.append(text + name)
-    return "\n".join(lines) + "\n"
+    # One line per name and service address, "\n<address>\t" then the name: the file is one join of strings that
+    # exist already (each address formatted once: an IPv6 address's str() is slow), whose list is built by slice
+    # assignment, column by column: no Python step and no new string per line.
+    step = 2 * len(ordered)
+    parts: list[str] = [""] * (step * len(unique))
+    for column, ip in enumerate(ordered):
+        parts[2 * column::step] = [f"\n{ip}\t"] * len(unique)
+        parts[2 * column + 1::step] = unique
+    if own:  # each direct name's line goes between the tunnel names around it (none is both)
+        merged: list[str] = []
+        done = 0
+        for name in sorted(own):
+            at = bisect.bisect_left(unique, name, done)
+            merged += parts[done * step:at * step]
+            merged += (f"\n{own[name]}\t", name)
+            done = at
+        merged += parts[done * step:]
+        parts = merged
+    return "\n".join(lines) + "".join(parts) + "\n"
 
 
 def write_atomic(path: Path, content: str) -> bool:
@@ -110,12 +169,20 @@ class HostsPublisher:
 
     With ``shards`` > 1 the names are split (see :mod:`raven.dns.shards`) and each sink is given the file of
     its shard: ``sinks`` are (label, shard, sink).
+
+    A render runs in a worker thread: on the event loop, ``names()`` and ``direct()`` are only copied (a snapshot:
+    the registry is never read from another thread); ``select``, sorting, checking and writing the files run in the
+    thread, so that 100,000 names hold the loop for the snapshot and the GIL's switch interval, not for the render.
     """
 
     def __init__(self, names: Callable[[], Iterable[str]], addresses: Sequence[str], debounce: float,
                  sinks: Sequence[tuple[str, int, Sink]], ready: Callable[[], bool] | None = None,
-                 shards: int = 1, direct: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 shards: int = 1, direct: Callable[[], Mapping[str, str]] | None = None,
+                 select: Callable[[list[str]], list[str]] | None = None) -> None:
         self.names = names
+        # Which of the valid names to publish (sorted, unique): run in the worker thread, so it must read nothing
+        # the event loop changes in place.
+        self.select = select
         self.direct = direct or dict
         self.addresses = list(addresses)
         self.debounce = debounce
@@ -134,31 +201,50 @@ class HostsPublisher:
     def changed(self) -> None:
         self._dirty.set()
 
-    def valid_names(self) -> list[str]:
-        """The names to publish; any the hosts format cannot carry are left out (logged once each)."""
-        out = []
-        for name in self.names():
-            if wire.valid_node_name(name):
-                out.append(name)
-            elif name not in self._skipped:
+    def snapshot(self) -> tuple[list[str], dict[str, str], list[str]]:
+        """What a render needs, copied on the event loop: the registry is never read from another thread."""
+        return list(self.names()), dict(self.direct()), list(self.addresses)
+
+    def render_snapshot(self, names: list[str], direct: dict[str, str], addresses: list[str],
+                        shards: int) -> tuple[list[str], list[str]]:
+        """The files of ``shards`` shards (one: the whole file) and the names left out; reads only its arguments
+        and ``select``, so that it runs in a worker thread."""
+        from raven.dns.shards import render_shards_checked
+
+        valid, skipped = check_names(names)
+        if self.select is not None:
+            valid = self.select(valid)
+        ordered = service_addresses(addresses)
+        if shards > 1:
+            return render_shards_checked(valid, ordered, shards, direct=direct), skipped
+        return [render_checked(valid, ordered, direct=direct)], skipped
+
+    def _note_skipped(self, skipped: Iterable[str]) -> None:
+        """Log each name the hosts format cannot carry once (on the event loop)."""
+        for name in skipped:
+            if name not in self._skipped:
                 self._skipped.add(name)
                 log.warning("node name %r is not a valid RFC 1123 host name: left out of the hosts file", name[:300])
-        return out
 
     def current(self) -> str:
-        """The whole file (every shard's names in one)."""
-        return render(self.valid_names(), self.addresses, direct=self.direct())
+        """The whole file (every shard's names in one), rendered on the calling thread."""
+        contents, skipped = self.render_snapshot(*self.snapshot(), shards=1)
+        self._note_skipped(skipped)
+        return contents[0]
 
-    def current_shards(self) -> list[str]:
-        from raven.dns.shards import render_shards
-
-        return render_shards(self.valid_names(), self.addresses, self.shards, direct=self.direct())
+    async def render(self, shards: int | None = None) -> list[str]:
+        """The files of ``shards`` shards (default: the publisher's), rendered in a worker thread on a snapshot taken
+        here: a render of 100,000 names holds the event loop only for the snapshot and the GIL's switch interval."""
+        snap = self.snapshot()
+        contents, skipped = await asyncio.to_thread(self.render_snapshot, *snap, shards=shards or self.shards)
+        self._note_skipped(skipped)
+        return contents
 
     async def publish_once(self) -> bool:
         """Publish to every sink; False when something failed (and will be retried)."""
         if not self.ready():
             return False
-        contents = self.current_shards() if self.shards > 1 else [self.current()]
+        contents = await self.render()
         self.content = contents[0] if len(contents) == 1 else "".join(contents)
         ok = True
         for label, shard, sink in self.sinks:

@@ -8,7 +8,8 @@ that was tens of milliseconds every couple of minutes, in every process at once.
   ``gc.callbacks`` and raises the young-generation threshold, so that a busy data path triggers fewer, still
   small, collections (``GC_THRESHOLDS``).
 * :func:`settle_soon` is called when the long-lived state changed (start-up, a registration, an inventory
-  change, a session up or down, the front end's connections grew by a step). Once that has been quiet for
+  change, a session up or down, the front end's connections or an agent's connections to nodes grew by a
+  step: ``on_grown`` of ConnectionGuard and of agent/upstream.py's UpstreamPool). Once that has been quiet for
   ``SETTLE_QUIET`` seconds (at most once per ``SETTLE_MIN_INTERVAL``, and no later than ``SETTLE_MAX_WAIT``
   after the first change even if changes go on), everything alive is frozen (``gc.freeze()``): automatic
   collections no longer walk it. A settle collects only the young generations first (0 and 1, a few
