@@ -30,6 +30,7 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # A ConfigMap's data may hold at most 1 MiB (etcd's object limit): the hosts file must fit in it.
 CONFIGMAP_MAX_BYTES = 1024 * 1024 - 8 * 1024  # what is left after the object's metadata
+SINK_TIMEOUT = 30.0  # seconds one sink (a file, a ConfigMap) may take to publish before it counts as failed
 
 
 # Names are checked in batches with one regular expression over the batch joined by newlines: one C call for a few
@@ -250,9 +251,14 @@ class HostsPublisher:
         for label, shard, sink in self.sinks:
             content = contents[shard] if shard < len(contents) else contents[0]
             try:
-                if await sink(content):
+                async with asyncio.timeout(SINK_TIMEOUT):  # one stuck sink must not hold back the others for ever
+                    written = await sink(content)
+                if written:
                     self.writes += 1
                     log.info("published hosts file (%d line(s)) to %s", content.count("\n") - 3, label)
+            except TimeoutError:
+                log.warning("could not publish the hosts file to %s: no answer within %.0fs", label, SINK_TIMEOUT)
+                ok = False
             except Exception as exc:  # retried with backoff
                 log.warning("could not publish the hosts file to %s: %s", label, exc)
                 ok = False
@@ -284,8 +290,27 @@ class HostsPublisher:
         self._task = None
 
 
+def _retrieved(fut: asyncio.Future[bool]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class SinkBusy(OSError):
+    """The previous write to a file is still running (a hung mount): not another thread stuck behind it."""
+
+
 def file_sink(path: Path) -> Sink:
+    """Write the file in a worker thread. A write that outlives the publisher's deadline (a hung NFS or FUSE
+    mount) keeps its thread, which cannot be stopped: while it runs, later writes to the same file are refused
+    (retried with the publisher's backoff) rather than each stranding one more of the shared worker threads."""
+    pending: list[asyncio.Future[bool]] = []
+
     async def write(content: str) -> bool:
-        return await asyncio.to_thread(write_atomic, path, content)
+        if pending and not pending[0].done():
+            raise SinkBusy(f"the previous write to {path} has not finished (is its file system stuck?)")
+        fut = asyncio.get_running_loop().run_in_executor(None, write_atomic, path, content)
+        fut.add_done_callback(_retrieved)  # its error is logged by the caller, or by nobody once given up on
+        pending[:] = [fut]
+        return await asyncio.shield(fut)
 
     return write
