@@ -36,6 +36,7 @@ import os
 import resource
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -158,6 +159,18 @@ async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, p
         "--port", str(port), "--token", token, "--mode", mode, "--rate", str(args.rate),
         "--pool-size", str(args.pool_size), "--start", repr(start), "--seconds", str(args.warmup + args.duration),
         *(["--identity"] if args.identity else []), stdout=asyncio.subprocess.PIPE) for k in range(args.workers)]
+    try:
+        return await measure(args, mode, procs, pids, metrics_ports, run, measured, end)
+    finally:
+        for p in procs:  # on every path: a cancelled run does not leave generators scraping
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+
+async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subprocess.Process],
+                  pids: dict[str, list[int]], metrics_ports: dict[str, int], run: Run, measured: float,
+                  end: float) -> Run:
     outputs = [asyncio.ensure_future(p.communicate()) for p in procs]
     reader = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -196,6 +209,10 @@ async def main(args: argparse.Namespace) -> int:
     if hard < total + 1024:
         print(f"bench: the open-files limit {hard} is too low for {total} connections", file=sys.stderr)
         return 1
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    # SIGTERM (kill, a CI timeout) ends the run like Ctrl-C: the cluster, the exporter and the generators stop.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     workdir = Path(tempfile.mkdtemp(prefix="raven-fleet-"))
     port = free_port("127.0.30.1")
     exporters = [SimNode(f"exporter-{p}", f"127.0.30.{p + 1}", port, size=args.size) for p in range(args.pools)]
@@ -304,10 +321,14 @@ def cli() -> int:
     parser.add_argument("--no-gc-tuning", action="store_true", help="run the services with RAVEN_GC_TUNING=off")
     args = parser.parse_args()
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main(args))
-    return int(uvloop.run(main(args)))
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(main(args))
+        return int(uvloop.run(main(args)))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("bench: stopped before the end; the cluster and the generators were stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
