@@ -12,8 +12,13 @@ that was tens of milliseconds every couple of minutes, in every process at once.
   step: ``on_grown`` of ConnectionGuard and of agent/upstream.py's UpstreamPool). Once that has been quiet for
   ``SETTLE_QUIET`` seconds (at most once per ``SETTLE_MIN_INTERVAL``, and no later than ``SETTLE_MAX_WAIT``
   after the first change even if changes go on), everything alive is frozen (``gc.freeze()``): automatic
-  collections no longer walk it. A settle collects only the young generations first (0 and 1, a few
-  milliseconds) and freezes the rest as it is, without walking it: a full collection walks every live object,
+  collections no longer walk it. A settle collects only the youngest generation first (0: at most
+  ``GC_THRESHOLDS[0]`` new objects, a few milliseconds) and freezes the rest as it is, without walking it.
+  Settles follow a growth closely (seconds, not tens of seconds): while 10,000 connections open (a gateway's
+  start, Prometheus reconnecting after a restart) their objects pile up in the young generations, and every
+  generation-1 collection walked all that had piled up since the last one, 100-130 ms of CPU every 3-6 s
+  during the ramp; and a settle that collected generation 1 too paid that once more. A full collection walks
+  every live object,
   and with 10,000 keep-alive connections (about 30 tracked objects each) that was a 300-900 ms stall of the
   whole process, once per settle. Objects frozen that die later are still freed by their reference counts (a
   closed connection's objects are: none of them is left to a collection); only cyclic garbage among frozen
@@ -51,9 +56,10 @@ GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 # net allocations (and, as always, only when the objects that survived since the last one are a quarter of
 # those it would walk).
 GC_THRESHOLDS = (10_000, 10, 10)
-SETTLE_QUIET = 5.0  # seconds without a change before settling
-SETTLE_MIN_INTERVAL = 10.0  # between two settles (a reconnect storm settles once, after it)
-SETTLE_MAX_WAIT = 30.0  # a settle no later than this after the first change, even if changes go on
+SLOW_PAUSE = 0.1  # a collection this long (wall time) is logged, with its CPU time
+SETTLE_QUIET = 1.0  # seconds without a change before settling
+SETTLE_MIN_INTERVAL = 1.0  # between two settles (each is a generation-0 collection and a freeze: milliseconds)
+SETTLE_MAX_WAIT = 2.0  # a settle no later than this after the first change, even if changes go on (a ramp)
 SETTLE_MAX_INTERVAL = 900.0  # a settle at least this often (the state may change without a notice)
 # A full walk (thaw, collect everything, freeze) at least this often. Hourly was one stall of ~300 ms an hour with
 # 10,000 connections, to free what the log line shows is next to nothing (see the module's docstring).
@@ -65,6 +71,7 @@ class GcPauses:
 
     def __init__(self) -> None:
         self._started = 0.0
+        self._started_cpu = 0.0
         self.buckets = [[0] * (len(GC_BUCKETS) + 1) for _ in range(3)]  # the last one is +Inf
         self.sums = [0.0, 0.0, 0.0]
         self.max = [0.0, 0.0, 0.0]
@@ -72,6 +79,7 @@ class GcPauses:
     def callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
+            self._started_cpu = time.thread_time()
             return
         pause = time.perf_counter() - self._started
         gen = min(2, max(0, int(info.get("generation", 2))))
@@ -79,6 +87,12 @@ class GcPauses:
         self.sums[gen] += pause
         if pause > self.max[gen]:
             self.max[gen] = pause
+        if pause >= SLOW_PAUSE:
+            # Wall time and the thread's CPU time: a pause with little CPU in it was the process waiting for a
+            # core (a busy machine), one with as much CPU was the collection's own work.
+            log.warning("gc: a generation-%d collection held the process %.0f ms (%.0f ms of CPU): %d objects "
+                        "collected, %d frozen", gen, pause * 1000, (time.thread_time() - self._started_cpu) * 1000,
+                        int(info.get("collected", 0)), _SETTLER.frozen)
 
 
 class _Settler:
@@ -90,6 +104,10 @@ class _Settler:
         self.settles = 0
         self.full_walks = 0
         self.garbage = 0  # unreachable objects the last full walk found
+        # Objects frozen: counted at the last full walk, plus what each settle since added (those of them freed
+        # since are not taken off: gc.get_freeze_count() walks every frozen object, 30-60 ms with 10,000
+        # connections' objects, holding the interpreter lock: it made every read of /metrics a stall).
+        self.frozen = 0
 
     def soon(self) -> None:
         try:
@@ -106,7 +124,7 @@ class _Settler:
         self.handle = loop.call_later(delay, self.settle)
 
     def settle(self) -> None:
-        """Collect the young generations and freeze everything alive; every ``SETTLE_FULL_INTERVAL`` (and the
+        """Collect the youngest generation and freeze everything alive; every ``SETTLE_FULL_INTERVAL`` (and the
         first time) thaw and collect everything first, so that cyclic garbage among frozen objects goes."""
         self.handle = None
         self.pending_since = None
@@ -120,16 +138,20 @@ class _Settler:
             self.full_walks += 1
             self.garbage = garbage
         else:
-            gc.collect(1)
+            gc.collect(0)
+        # What is about to be frozen: every unfrozen object (generation 0 is empty now); after a full walk that
+        # is all of them, after a young collection only what came since the last settle.
+        added = len(gc.get_objects(1)) + len(gc.get_objects(2))
         gc.freeze()
+        self.frozen = added if full else self.frozen + added
         self.last = time.monotonic()
         self.settles += 1
         took = (time.perf_counter() - started) * 1000
         if full:
             log.info("gc settled with a full walk in %.1f ms: %d unreachable objects freed, %d objects frozen",
-                     took, garbage, gc.get_freeze_count())
+                     took, garbage, self.frozen)
         else:
-            log.debug("gc settled in %.1f ms: %d objects frozen", took, gc.get_freeze_count())
+            log.debug("gc settled in %.1f ms: %d objects frozen (%d new)", took, self.frozen, added)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -209,7 +231,9 @@ class GcCollector(Collector):
             longest.add_metric([str(gen)], p.max[gen])
         yield hist
         yield longest
-        yield GaugeMetricFamily("raven_gc_frozen_objects", "Objects kept out of the collector's way by the last "
-                                "settle (gc.freeze), alive or not yet freed", value=gc.get_freeze_count())
+        yield GaugeMetricFamily("raven_gc_frozen_objects", "Objects kept out of the collector's way (gc.freeze): "
+                                "counted at the last full walk plus those later settles added (frozen objects "
+                                "freed since are not subtracted: counting them would walk them all)",
+                                value=_SETTLER.frozen)
         yield CounterMetricFamily("raven_gc_settles", "Settles (young collection, then freeze) of this process",
                                   value=_SETTLER.settles)
