@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
+from typing import Any
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[object] | asyncio.Task[None] | None]) -> None:
@@ -15,6 +16,13 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[object] | asyncio.Task[
     for task in pending:
         with contextlib.suppress(BaseException):
             await task
+
+
+def retrieve_exception(fut: asyncio.Future[Any]) -> None:
+    """A done callback for a future that may end with nobody awaiting it any more (its awaiter timed out or was
+    cancelled through a shield): its error is taken, so asyncio does not report it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def stop_process(process: asyncio.subprocess.Process, sig: int, grace: float) -> int:

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from raven.aio import cancel_and_wait
+from raven.aio import cancel_and_wait, retrieve_exception
 from raven.protocol import wire
 
 log = logging.getLogger("raven.hosts")
@@ -227,12 +227,6 @@ class HostsPublisher:
                 self._skipped.add(name)
                 log.warning("node name %r is not a valid RFC 1123 host name: left out of the hosts file", name[:300])
 
-    def current(self) -> str:
-        """The whole file (every shard's names in one), rendered on the calling thread."""
-        contents, skipped = self.render_snapshot(*self.snapshot(), shards=1)
-        self._note_skipped(skipped)
-        return contents[0]
-
     async def render(self, shards: int | None = None) -> list[str]:
         """The files of ``shards`` shards (default: the publisher's), rendered in a worker thread on a snapshot taken
         here: a render of 100,000 names holds the event loop only for the snapshot and the GIL's switch interval."""
@@ -290,11 +284,6 @@ class HostsPublisher:
         self._task = None
 
 
-def _retrieved(fut: asyncio.Future[bool]) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
 class SinkBusy(OSError):
     """The previous write to a file is still running (a hung mount): not another thread stuck behind it."""
 
@@ -309,7 +298,7 @@ def file_sink(path: Path) -> Sink:
         if pending and not pending[0].done():
             raise SinkBusy(f"the previous write to {path} has not finished (is its file system stuck?)")
         fut = asyncio.get_running_loop().run_in_executor(None, write_atomic, path, content)
-        fut.add_done_callback(_retrieved)  # its error is logged by the caller, or by nobody once given up on
+        fut.add_done_callback(retrieve_exception)  # its error is logged by the caller, or by nobody once given up on
         pending[:] = [fut]
         return await asyncio.shield(fut)
 

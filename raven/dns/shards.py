@@ -51,7 +51,7 @@ def split(names: Iterable[str], shards: int) -> list[list[str]]:
     if shards <= 1:
         out[0].extend(names)
         return out
-    by_last = {c: i % shards for i, c in enumerate(LAST_CHARS)}  # shard_of, without a call per name
+    by_last = {c: shard_of(c, shards) for c in LAST_CHARS}  # shard_of by last character: no call per name
     first = out[0]
     for name in names:
         if "." in name or not name:

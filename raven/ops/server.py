@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from raven.aio import retrieve_exception
 from raven.config import split_host_port
 from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
 
@@ -16,18 +17,14 @@ from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, 
 OPS_LIMITS = GuardLimits(head_timeout=10.0, idle_timeout=120.0, max_connections=512, max_per_client=64)
 
 
-def _retrieved(fut: asyncio.Future[bytes]) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
 class MetricsPage:
-    """The /metrics page, produced in a worker thread: on the event loop it held every scrape in flight for as long
-    as it took (12 ms of CPU for the gateway's 25 KB page in a quiet process, and each read of it showed as a
-    100-300 ms spike in the tunnel's latencies of the fleet benchmark); in a thread the loop keeps its turns (the
-    interpreter lock changes hands every 5 ms). prometheus-client's collection is thread-safe (each metric under
-    its lock), and the services' own collectors and gauge functions only read counters. Requests that arrive while
-    a page is being produced share it: at most one thread renders."""
+    """The /metrics page, produced in a worker thread, so that the event loop keeps its turns while it is built
+    (12 ms of CPU for the gateway's 25 KB page in a quiet process; the interpreter lock changes hands every 5 ms).
+    What made each read of the gateway's page a 100-300 ms spike in the fleet benchmark was a collector that held
+    the lock throughout (raven/ops/gcpause.py's frozen count); a thread does not help against that, so collectors
+    must stay cheap. prometheus-client's collection is thread-safe (each metric under its lock), and the services'
+    own collectors and gauge functions only read counters. Requests that arrive while a page is being produced
+    share it: at most one thread renders."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -36,7 +33,7 @@ class MetricsPage:
     async def render(self) -> bytes:
         if self._pending is None or self._pending.done():
             self._pending = asyncio.ensure_future(asyncio.to_thread(generate_latest, self.registry))
-            self._pending.add_done_callback(_retrieved)  # a failure nobody waits for any more is not reported twice
+            self._pending.add_done_callback(retrieve_exception)  # even when no request waits for it any more
         return await asyncio.shield(self._pending)
 
 
