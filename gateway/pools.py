@@ -83,6 +83,11 @@ class Pools:
             node.name: (pool, node.address) for pool, s in self.settings.items() for node in s.nodes
         }
 
+    def placed(self) -> dict[str, str]:
+        """Node -> pool for every node the configuration lists (``pools.<pool>.nodes``): no other pool's agent may
+        claim them (gateway/registry.py)."""
+        return {name: pool for name, (pool, _) in self.static.items()}
+
     def set_kube_nodes(self, nodes: Mapping[str, KubeNode]) -> None:
         """The Node objects changed: learn each pool's reach from its Nodes' labels."""
         self.kube_nodes = nodes

@@ -1,8 +1,9 @@
 """Which agent sessions can serve which edge node, and which one a request goes to.
 
 A session is keyed by (agent identity, session id); removing a session never removes a
-newer one of the same agent. Each node belongs to one pool; the first live claim binds
-it, and a claim from an agent certified for another pool is refused with a reason.
+newer one of the same agent. Each node belongs to one pool: the pool the gateway's configuration
+(``pools.<pool>.nodes``) or its Node object (Kubernetes) puts it in, else the first live claim's.
+A claim from an agent certified for another pool is refused with a reason.
 Selection is per node over the few sessions that claim it: healthy and not draining
 first, then the fewest streams in flight.
 """
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from raven.dns.names import NameRule
@@ -39,6 +40,9 @@ class AgentSession:
     last_register: tuple[wire.NodeInfo, ...] = ()  # re-evaluated when Node objects change
     pending_register: wire.Register | None = None  # held back by the rate limit; a newer one replaces it
     register_timer: asyncio.TimerHandle | None = None  # applies the held one when the rate allows
+    # What the latest registration had refused: how many, and the first few (the status page shows them).
+    refused_count: int = 0
+    refused_sample: tuple[tuple[str, Refusal], ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -67,6 +71,8 @@ class NodeEntry:
     # share this one object (and its strings) in their sessions' last_register.
     info: wire.NodeInfo | None = None
 
+
+REFUSED_SAMPLE = 5  # refusals of a registration kept for the status page (the count covers the rest)
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
 
@@ -121,6 +127,9 @@ class Registry:
         self.name_suffixes = name_suffixes  # dotted names an agent may claim (besides Node objects)
         # In Kubernetes, the Node objects say which pool a node is in: name -> pool, or None until synced.
         self.authority: dict[str, str | None] | None = None
+        # The gateway's configuration lists nodes of its pools (pools.<pool>.nodes): name -> pool. A node listed
+        # there belongs to that pool, with or without Kubernetes: no agent of another pool may claim it.
+        self.placed: Mapping[str, str] = {}
         self._turn = 0
 
     # ------------------------------------------------------------ sessions
@@ -231,9 +240,9 @@ class Registry:
         for name, info in wanted.items():
             entry = self.nodes.get(name)
             if entry is not None and entry.pool != info.pool and entry.sessions:
-                # Only reachable when a Node object contradicts the earlier claims: it wins.
-                self._log.warning(s.agent, "pool-changed", "node %r: its Node object says pool %r; dropping the "
-                                  "claims of pool %r", name, info.pool, entry.pool)
+                # Only reachable when a Node object or the configuration contradicts the earlier claims: it wins.
+                self._log.warning(s.agent, "pool-changed", "node %r: its Node object or the gateway's configuration "
+                                  "says pool %r; dropping the claims of pool %r", name, info.pool, entry.pool)
                 for holder in entry.sessions:
                     holder.nodes.discard(name)
                 entry.sessions.clear()
@@ -260,6 +269,7 @@ class Registry:
                 entry.sessions.append(s)
             s.nodes.add(name)
             accepted.append(name)
+        s.refused_count, s.refused_sample = len(refused), tuple(refused[:REFUSED_SAMPLE])
         # A registration is this agent's complete list. A node is forgotten (it left its pool) once no
         # agent's latest registration lists it and no session holds it: an agent restarted without it.
         # Nodes that other agents still list stay, whatever this one says.
@@ -295,6 +305,12 @@ class Registry:
             allowed = ", ".join(sorted(s.pools)) or "none"
             return Refusal(Reason.POOL_NOT_ALLOWED, f"pool {info.pool[:63]!r} is not in this agent's certificate "
                            f"(allowed: {allowed})")
+        owner = self.placed.get(info.name)
+        if owner is not None and owner != info.pool:
+            # A direct or layer-3 pool's node (or any the operator listed): an agent of another pool claiming it
+            # would take its scrapes, its name in the hosts file and a second /sd target.
+            return Refusal(Reason.CONFIG_POOL, f"the gateway's configuration lists it under pool {owner!r} "
+                           f"(pools.{owner}.nodes), not {info.pool[:63]!r}", node=info.name, pool=owner)
         if self.authority is not None:
             if info.name not in self.authority:
                 return Refusal(Reason.NO_NODE_OBJECT, "no edge Node object of that name (Kubernetes is the source "
@@ -304,6 +320,8 @@ class Registry:
                 return Refusal(Reason.NODE_OBJECT_POOL, f"the Node object puts it in pool {node_pool!r}, not "
                                f"{info.pool[:63]!r}", pool=node_pool or "")
             return None  # the Node object overrides earlier claims and bindings
+        if owner is not None:
+            return None  # so does the configuration
         if "." in info.name and not info.name.endswith(self.name_suffixes or ("\0",)):
             allowed = ", ".join(self.name_suffixes) or "none configured"
             return Refusal(Reason.DOTTED_NAME, f"dotted names can only be claimed when they are Node objects or end "
@@ -331,6 +349,17 @@ class Registry:
         if authority == self.authority:
             return []
         self.authority = authority
+        return self._reevaluate()
+
+    def set_placed(self, placed: Mapping[str, str]) -> list[Reevaluation]:
+        """The configuration's ``pools.<pool>.nodes`` changed (a reload): re-evaluate every session's last
+        registration, as :meth:`set_authority` does."""
+        if placed == self.placed:
+            return []
+        self.placed = dict(placed)
+        return self._reevaluate()
+
+    def _reevaluate(self) -> list[Reevaluation]:
         return [(s, *self.register(s, s.last_register)) for s in list(self.sessions.values())]
 
     def _changed(self) -> None:

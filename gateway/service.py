@@ -22,7 +22,7 @@ from gateway.layer3 import GatewayLayer3
 from gateway.opsapi import OpsApi
 from gateway.pools import Pools
 from gateway.proxy import Proxy
-from gateway.registry import Registry, told
+from gateway.registry import Reevaluation, Registry
 from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
 from raven.config import GatewayConfig, split_host_port
@@ -32,7 +32,6 @@ from raven.ops import gcpause
 from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
-from raven.protocol import wire
 from raven.transport import httperrors
 from raven.transport.listener import (
     ConnectionGuard,
@@ -74,6 +73,7 @@ class Gateway:
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
             hosts_budget=budget, hosts_cost=self._hosts_cost(cfg), names=cfg.names.rule(),
         )
+        self.registry.placed = self.pools.placed()
         sinks = []
         if cfg.hosts.file is not None:
             for k in range(cfg.hosts.shards):  # shard k >= 1 beside it, as <file>.<k>
@@ -204,6 +204,7 @@ class Gateway:
         self.cfg = cfg
         self.auth.tokens = tokens
         self.pools.configure(cfg)
+        self._reevaluated(self.registry.set_placed(self.pools.placed()))  # nodes listed under other pools now
         self.hosts.changed()  # a pool's reach may have changed
         self.proxy.configure(front)
         self.front_guard.limits = self._front_limits(cfg)
@@ -263,6 +264,11 @@ class Gateway:
             return False, f"agents still connecting ({status}; last {quiet:.1f}s ago)"
         return True, status
 
+    def _reevaluated(self, outcomes: list[Reevaluation]) -> None:
+        """Registrations evaluated again: refusals counted, every agent told what it holds now."""
+        for agent_session, accepted, refused in outcomes:
+            self.tunnel.answer_register(agent_session, accepted, refused)
+
     def edge_names(self) -> list[str]:
         """The one source of truth for DNS: every known node of a tunnel pool (and, in Kubernetes, every such Node).
 
@@ -296,11 +302,7 @@ class Gateway:
         def on_nodes(nodes: dict[str, KubeNode]) -> None:
             self.kube_nodes = nodes
             self.pools.set_kube_nodes(nodes)
-            for agent_session, accepted, refused in self.registry.set_authority(
-                {n.name: n.pool for n in nodes.values()}
-            ):
-                for answer in wire.split_registered(accepted, told(refused)):
-                    agent_session.session.send_control(answer)
+            self._reevaluated(self.registry.set_authority({n.name: n.pool for n in nodes.values()}))
             self.kube_synced = True
             self.hosts.changed()
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.registry import Registry
 from raven import version
+from raven.logsafe import escape
 from raven.protocol import wire
 from raven.protocol.state import SessionState
 
@@ -68,6 +69,11 @@ def snapshot(
                 # The agent's release (None: it announced none, so it is 0.1.0) and the protocol agreed with it.
                 "version": sess.release or None,
                 "protocol": sess.session.core.version,
+                # Its latest registration's refusals (a node of another pool, a reserved name ...): the count
+                # and the first few, each with its reason. The agent chose the names: escaped for a terminal.
+                "refused": sess.refused_count,
+                "refused_nodes": [{"node": escape(node[:253]), "reason": r.label, "text": escape(r.text)}
+                                  for node, r in sess.refused_sample],
             })
     nodes = []
     direct = {n.name: n for n in pools.direct_nodes(registry.known_nodes())} if pools is not None else {}
@@ -127,7 +133,8 @@ def render_html(snap: Mapping[str, Any], refresh: int = 5) -> str:
         agent_lines = "".join(
             f"<div>{_e(a['agent'])} <span class=dim>{_e(_release(a))}, session {_e(a['session'])}, "
             f"{_fmt_age(a['age_seconds'])}, "
-            f"{a['streams']} stream(s){', draining' if a['draining'] else ''}</span></div>" for a in agents
+            f"{a['streams']} stream(s){', draining' if a['draining'] else ''}</span>{_refused_html(a)}</div>"
+            for a in agents
         ) or ("<div class=dim>none needed: Prometheus scrapes this pool without the proxy</div>" if reach != "tunnel"
               else "<div class=bad>no agent connected</div>")
         reached = "through the tunnel" if reach == "tunnel" else "over layer 3" if reach == "layer3" else "directly"
@@ -197,6 +204,14 @@ def _layer3_html(l3: Mapping[str, Any] | None) -> str:
             f"<th>routed CIDRs</th><th>standby</th></tr>\n{''.join(rows)}</table>")
 
 
+def _refused_html(agent: Mapping[str, Any]) -> str:
+    """What the agent's latest registration had refused (nothing when all was accepted)."""
+    if not agent.get("refused"):
+        return ""
+    shown = "; ".join(f"{n['node']}: {n['text']}" for n in agent.get("refused_nodes", ()))
+    return f"<div class=reason>{agent['refused']} node(s) refused, e.g. {_e(shown)}</div>"
+
+
 def _release(agent: Mapping[str, Any]) -> str:
     """An agent's release and protocol for people: ``0.2.0, protocol 2``."""
     return f"{version.peer_release(agent.get('version') or '')}, protocol {agent.get('protocol', '?')}"
@@ -237,6 +252,13 @@ def render_text(snap: Mapping[str, Any]) -> str:
                          _fmt_age(a["age_seconds"]), str(a["streams"]),
                          "draining" if a["draining"] else "up", f"{p['reachable']}/{p['nodes']}"))
     out += [*_table(rows), ""]
+    # Once per session (a session of several pools is listed under each).
+    refused = {(a["agent"], a["session"]): a for p in snap["pools"] for a in p["agents"] if a.get("refused")}
+    for a in refused.values():
+        out.append(f"agent {a['agent']} (session {a['session']}): {a['refused']} node(s) refused")
+        out += [f"  {n['node']}: {n['text']}" for n in a.get("refused_nodes", ())]
+    if refused:
+        out.append("")
     rows = [("NODE", "POOL", "REACH", "AGENTS", "LAST", "AGO", "ERROR")]
     for n in snap["nodes"]:
         reach = n.get("reach", "tunnel")

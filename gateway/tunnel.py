@@ -24,7 +24,7 @@ from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
 from raven.protocol.control import ControlDispatcher
 from raven.protocol.handshake import HandshakeRefused
-from raven.refusals import Reason
+from raven.refusals import Reason, Refusal
 from raven.transport.connect import accept
 from raven.transport.session import Stream
 from raven.transport.websocket import messages
@@ -362,18 +362,23 @@ class TunnelEndpoint:
         if s.session.closed:
             return
         accepted, refused = self.registry.register(s, frame.nodes)
+        self._log.info(s.agent, "registered", "agent %s session %s registered %d nodes (%d refused)", s.agent,
+                       s.session_id[:8], len(accepted), len(refused))
+        self.answer_register(s, accepted, refused)
+        self._update_gauges()
+
+    def answer_register(self, s: AgentSession, accepted: list[str], refused: list[tuple[str, Refusal]]) -> None:
+        """Count a registration's refusals and tell the agent the outcome; also for a registration evaluated
+        again (Node objects or the configuration's pools changed)."""
         if refused:
-            claimed = {n.name: n.pool for n in frame.nodes}
+            claimed = {n.name: n.pool for n in s.last_register}
             for name, refusal in refused:
                 pool = claimed.get(name, "")
                 # Label values come only from the certificate and the reason's code: an agent cannot mint series.
                 label = pool if pool in s.pools else "other"
                 self.metrics.refusals.labels(label, refusal.label).inc()
-        self._log.info(s.agent, "registered", "agent %s session %s registered %d nodes (%d refused)", s.agent,
-                       s.session_id[:8], len(accepted), len(refused))
         for answer in wire.split_registered(accepted, told(refused)):
             s.session.send_control(answer)
-        self._update_gauges()
 
     def _update_gauges(self) -> None:
         """After a registration or a session's end: the gauges, and the long-lived state will settle (gcpause)."""

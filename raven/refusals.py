@@ -91,6 +91,7 @@ class Reason(enum.Enum):
     POOL_NOT_ALLOWED = (Where.REGISTRATION, "pool-not-allowed", 403)
     NO_NODE_OBJECT = (Where.REGISTRATION, "no-node-object", 403)
     NODE_OBJECT_POOL = (Where.REGISTRATION, "node-object-pool", 409)
+    CONFIG_POOL = (Where.REGISTRATION, "config-pool", 409)  # the gateway's pools.<pool>.nodes lists it elsewhere
     DOTTED_NAME = (Where.REGISTRATION, "dotted-name", 403)
     CLAIMED_BY_OTHER_POOL = (Where.REGISTRATION, "claimed-by-other-pool", 409)
     BOUND_TO_OTHER_POOL = (Where.REGISTRATION, "bound-to-other-pool", 409)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway import discovery
 from gateway.pools import Pools, label_reach
-from gateway.registry import NodeEntry
+from gateway.registry import AgentSession, NodeEntry, Registry
 from gateway.request import Refusal
 from raven import config as cfgmod
 from raven.config import GatewayConfig
 from raven.dns.hosts import render
 from raven.errors import ConfigError
 from raven.kube import KubeNode
+from raven.protocol import wire
 
 
 def gateway_config(tmp_path: Path, **tree: object) -> GatewayConfig:
@@ -117,3 +119,24 @@ def test_config_refuses_bad_pools(tmp_path: Path) -> None:
         gateway_config(tmp_path, pools={"a": {"reach": "sideways"}})
     with pytest.raises(ConfigError, match="pools"):
         cfgmod.build(GatewayConfig, None, overrides=["pools.a.reach=sideways"], environ={})
+
+
+def test_a_direct_pools_node_claimed_by_a_tunnel_agent_stays_direct(tmp_path: Path) -> None:
+    """Issue 29 item 1 across the registry, the proxy check and /sd: after an agent of tunnel pool pool-s claims
+    pool-d's direct-1, the front end still refuses to proxy it (421) and /sd lists it once (direct)."""
+    cfg = gateway_config(tmp_path, pools={"pool-d": {"reach": "direct", "nodes": [{"name": "direct-1",
+                                                                                    "address": "10.1.0.1"}]}})
+    pools = Pools(cfg)
+    reg = Registry()
+    reg.placed = pools.placed()
+    fake: Any = types.SimpleNamespace(in_flight=0, closed=False, usable=True)
+    rogue = AgentSession("s2", "1", frozenset({"pool-s"}), fake)
+    reg.add_session(rogue)
+    reg.register(rogue, [wire.NodeInfo("direct-1", "10.9.9.9", "pool-s"), wire.NodeInfo("edge-s-1", "10.9.9.8",
+                                                                                         "pool-s")])
+    with pytest.raises(Refusal) as refused:
+        pools.check_proxied("direct-1", reg.lookup("direct-1").entry)
+    assert refused.value.status == 421 and "of pool 'pool-d'" in refused.value.text
+    groups = discovery.groups(reg.bound_nodes(), reg.known_nodes(), pools, [9400], set(), set())
+    assert sorted((g["labels"]["node"], g["labels"]["__meta_raven_reach"]) for g in groups) == [
+        ("direct-1", "direct"), ("edge-s-1", "tunnel")]

@@ -21,8 +21,8 @@ FRONT_LABELS = {
 AGENT_LABELS = {"node", "port", "connect", "method", "target", "draining", "queue-full", "queue-timeout"}
 REGISTRATION_LABELS = {
     "duplicate", "agent-node-cap", "node-cap", "hosts-budget", "invalid-name", "invalid-address", "reserved-suffix",
-    "reserved-name", "reads-as-address", "pool-not-allowed", "no-node-object", "node-object-pool", "dotted-name",
-    "claimed-by-other-pool", "bound-to-other-pool",
+    "reserved-name", "reads-as-address", "pool-not-allowed", "no-node-object", "node-object-pool", "config-pool",
+    "dotted-name", "claimed-by-other-pool", "bound-to-other-pool",
 }
 HANDSHAKE_LABELS = {
     "client certificate required", "unreadable client certificate", "not-an-agent-certificate",

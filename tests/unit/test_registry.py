@@ -303,3 +303,56 @@ def test_a_node_whose_agents_left_stays_a_discovery_target_while_bound(tmp_path:
     groups = discovery.groups(reg.bound_nodes(), reg.known_nodes(), pools, [9400], set(), set())
     assert [(g["labels"]["__meta_raven_connected"], g["labels"]["__meta_raven_agents"]) for g in groups] == [
         ("true", "a2")]
+
+
+def test_a_node_the_configuration_places_in_a_pool_is_refused_to_every_other_pool() -> None:
+    """Issue 29 item 1: an agent of tunnel pool pool-s claims the nodes the gateway's configuration lists under a
+    direct and a layer-3 pool (one of them without an address). Each claim is refused with its reason, naming the
+    owning pool; the registry holds none of them; the agent's own node is accepted."""
+    reg = Registry()
+    reg.placed = {"direct-1": "pool-d", "direct-2": "pool-d", "l3-node-1": "pool-l"}
+    rogue = agent("s2", {"pool-s"})
+    reg.add_session(rogue)
+    claims = [node("direct-1", "pool-s"), wire.NodeInfo("direct-2", "direct-2", "pool-s"),
+              node("l3-node-1", "pool-s"), node("edge-s-1", "pool-s")]
+    accepted, refused = reg.register(rogue, claims)
+    assert accepted == ["edge-s-1"]
+    assert [(name, r.reason, r.pool) for name, r in refused] == [
+        ("direct-1", Reason.CONFIG_POOL, "pool-d"), ("direct-2", Reason.CONFIG_POOL, "pool-d"),
+        ("l3-node-1", Reason.CONFIG_POOL, "pool-l")]
+    assert refused[0][1].text == "the gateway's configuration lists it under pool 'pool-d' (pools.pool-d.nodes), " \
+                                 "not 'pool-s'"
+    assert refused[0][1].reason.where is Where.REGISTRATION and refused[0][1].status == 409
+    for name in ("direct-1", "direct-2", "l3-node-1"):
+        assert reg.lookup(name).entry is None
+    assert (rogue.refused_count, [n for n, _ in rogue.refused_sample]) == (3, ["direct-1", "direct-2", "l3-node-1"])
+    # Kubernetes does not change it: the configuration is the operator's word.
+    reg.authority = {"direct-1": "pool-s", "edge-s-1": "pool-s"}
+    accepted, refused = reg.register(rogue, claims[:1])
+    assert accepted == [] and refused[0][1].reason is Reason.CONFIG_POOL
+    # The owning pool's own agent may register it (its pool is reached directly: the front end still refuses it).
+    reg.authority = None
+    owner = agent("d1", {"pool-d"})
+    reg.add_session(owner)
+    assert reg.register(owner, [node("direct-1", "pool-d")]) == (["direct-1"], [])
+    assert owner.refused_count == 0 and owner.refused_sample == ()
+
+
+def test_a_reload_that_places_a_node_evicts_another_pools_claim() -> None:
+    """A node claimed by pool-s before the configuration listed it under pool-d: the reload takes it away from
+    pool-s (the agent is told), and pool-d's agent, refused until then, gets it."""
+    reg = Registry()
+    owner = agent("d1", {"pool-d"}, sid="1")
+    rogue = agent("s2", {"pool-s"}, sid="2")
+    for s in (owner, rogue):
+        reg.add_session(s)
+    reg.register(rogue, [node("direct-1", "pool-s")])
+    _, refused = reg.register(owner, [node("direct-1", "pool-d")])
+    assert refused[0][1].reason is Reason.CLAIMED_BY_OTHER_POOL
+    results = {s.agent: (acc, ref) for s, acc, ref in reg.set_placed({"direct-1": "pool-d"})}
+    assert results["d1"] == (["direct-1"], [])
+    assert results["s2"][0] == [] and results["s2"][1][0][1].reason is Reason.CONFIG_POOL
+    entry = reg.lookup("direct-1").entry
+    assert entry is not None and entry.pool == "pool-d" and entry.sessions == [owner]
+    assert rogue.nodes == set()
+    assert reg.set_placed({"direct-1": "pool-d"}) == []  # unchanged: nothing re-evaluated
