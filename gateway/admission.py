@@ -117,6 +117,12 @@ class Admission:
         if self.pools is not None:  # never proxy to a pool Prometheus reaches itself (gateway/pools.py)
             self.pools.check_proxied(target.node, found.entry)
         if found.entry is None:
+            never = self.registry.names.refusal(target.node)
+            if never is not None:
+                # A name the name rule refuses (localhost, the cluster's names, an address) is never registered:
+                # its answer is final, also while this replica is settling.
+                raise Refusal(Reason.UNKNOWN_NODE, f"node {target.node!r} is never served by this gateway: "
+                              f"{never.text}")
             if not self.settled():
                 # A replica that just started does not know every node yet: "try again", not "no such node".
                 raise Refusal(Reason.NOT_SETTLED, f"node {target.node!r} is not registered here yet: this gateway "

@@ -173,3 +173,33 @@ async def test_a_reload_that_lists_a_node_under_its_pool_takes_it_from_another_p
         status, body, _ = await bed.get("later-1")
         assert status == 421 and "of pool 'pool-d'" in body, (status, body)
         assert (await bed.get("edge-s-1"))[0] == 200
+
+
+@pytest.mark.parametrize("name", [
+    "localhost", "kubernetes.default.svc", "kubernetes", "metadata.google.internal", "169.254.169.254",
+    "10.0.0.1", "2130706433", "0x7f000001", "gpu-1.cluster.local", "edge.svc", "printer.local",
+])
+async def test_a_settling_replica_answers_names_the_rule_refuses_for_ever_at_once(bed: Bed, name: str) -> None:
+    """Issue 29 item 6: while the replica settles, a name the name rule refuses for ever gets its final answer
+    (404, with the rule's reason), not "this replica is starting, retry"."""
+    status, body, headers = await bed.get(name)
+    assert status == 404, (name, status, body)
+    assert f"node {name!r} is never served by this gateway" in body
+    assert "Retry-After" not in headers
+
+
+async def test_a_settling_replica_still_asks_to_retry_for_a_name_it_may_yet_learn(bed: Bed) -> None:
+    """The settling answer stands for a valid name that an agent may still register (and the IP literal that
+    is no node name at all is a bad request, as always); a registered node is scraped meanwhile."""
+    # A punycode name (what a client sends for a non-ASCII host) is a valid node name Kubernetes allows, so an
+    # agent may yet register it: it waits like any other.
+    for name in ("edge-s-9", "xn--bcher-kva"):
+        status, body, headers = await bed.get(name)
+        assert status == 503 and headers.get("Retry-After") == "2", (status, body)
+        assert "this gateway replica is starting" in body
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        url = f"http://127.0.0.1:{bed.cluster.front_port}/metrics"
+        for host in ("[::1]", "[fe80::1]"):
+            async with http.get(url, headers={"Host": f"{host}:{bed.port}"}) as resp:
+                assert resp.status == 400, (host, await resp.text())
+    assert (await bed.get("edge-s-1"))[0] == 200
