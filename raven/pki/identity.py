@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from raven.errors import PKIError
+from raven.logsafe import escape
 from raven.pki.common import AGENT_URI_PREFIX, CIDR_URI_PREFIX, POOL_URI_PREFIX, dedupe, fmt_delta, fmt_time, read_file
 from raven.protocol.wire import valid_node_name, valid_pool_name
 
@@ -95,7 +96,7 @@ class Identity:
         lines.append(f"  Issuer:        {self.issuer}")
         lines.append(f"  Serial:        {self.serial:x}")
         lines.append(f"  SHA-256:       {self.fingerprint_sha256}")
-        return "\n".join(lines)
+        return "\n".join(escape(line) for line in lines)  # a certificate's names are whatever its CA signed
 
     def _status(self, now: dt.datetime) -> str:
         if now < self.not_before:

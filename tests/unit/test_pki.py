@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -334,6 +335,8 @@ def test_names_problem_applies_the_node_name_rule_to_a_signed_certificate(
     assert ident.name == agent
     problem = ident.names_problem()
     assert (says in problem and problem) if says else problem == "", problem
+    shown = ident.describe()  # `raven certs inspect`: one line per field, no control character
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f]", shown) and len(shown.splitlines()) == 11 + bool(cidrs), shown
 
 
 def test_describe_reports_validity(ca_dir: Path) -> None:
