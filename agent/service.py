@@ -68,6 +68,10 @@ class Agent:
                 f"certificate {cfg.tls.cert} ({ident.role}) names no pool: an agent needs a certificate issued with "
                 "'raven certs issue agent NAME --pool POOL'"
             )
+        problem = ident.names_problem()
+        if problem:  # the gateway would refuse every session: say so at start, once
+            raise pki.PKIError(f"certificate {cfg.tls.cert}: {problem}, so the gateway refuses it; issue one with "
+                               "'raven certs issue agent NAME --pool POOL'")
         if cfg.pool is None:
             if len(ident.pools) != 1:
                 raise pki.PKIError(f"pool: not set, and certificate {cfg.tls.cert} names {len(ident.pools)} pools "

@@ -333,7 +333,7 @@ class Proxy:
         out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
         length = content_length(out_headers.get("Content-Length"))
         resp.headers.extend(out_headers)
-        resp.headers["X-Raven-Agent"] = ex.agent
+        resp.headers["X-Raven-Agent"] = header_safe(ex.agent)  # checked at the handshake; never raw in a header
         no_body = request.method == "HEAD" or head.status in (204, 304)
         if length is not None:
             resp.content_length = length
@@ -472,7 +472,7 @@ class Proxy:
                     ex.code, ex.reason = "client-gone", "the client left before the tunnel opened"
                     return web.Response(status=499)
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
-                                ex.agent.encode("ascii", "replace") + b"\r\n\r\n")
+                                header_safe(ex.agent).encode("ascii") + b"\r\n\r\n")
                 self._log.info(client, "connect", "CONNECT %s:%d from %s via agent %s (pool %s)", target.node,
                                target.port, client, ex.agent, ex.pool)
                 ex.code = "200"  # the tunnel is open: however the relay ends, the request is counted as such

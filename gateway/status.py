@@ -114,7 +114,8 @@ def snapshot(
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """For the page: control characters as visible escapes (raven/logsafe.py's rule), then HTML-escaped."""
+    return html.escape(escape(str(value)), quote=True)
 
 
 def _ok(code: str) -> bool:
@@ -235,10 +236,10 @@ def _fmt_age(seconds: float) -> str:
 
 def render_text(snap: Mapping[str, Any]) -> str:
     """The same as plain-text tables, for ``raven status``."""
-    out = [f"gateway {snap['replica']} (replica of {snap['replicas']}, {_gateway_release(snap)}), "
-           f"up {_fmt_age(snap['uptime_seconds'])}, "
-           f"{'ready' if snap['ready'] else 'NOT READY'}: {snap['ready_reason']}"
-           f"{', draining' if snap['draining'] else ''}", ""]
+    out = [escape(f"gateway {snap['replica']} (replica of {snap['replicas']}, {_gateway_release(snap)}), "
+                  f"up {_fmt_age(snap['uptime_seconds'])}, "
+                  f"{'ready' if snap['ready'] else 'NOT READY'}: {snap['ready_reason']}"
+                  f"{', draining' if snap['draining'] else ''}"), ""]
     rows: list[tuple[str, ...]] = [("POOL", "REACH", "AGENT", "VERSION", "PROTO", "SESSION", "AGE", "STREAMS",
                                     "STATE", "NODES")]
     for p in snap["pools"]:
@@ -273,10 +274,13 @@ def render_text(snap: Mapping[str, Any]) -> str:
         for pool, p in l3["pools"].items():
             rows.append((pool, p["active"] or "NONE (not routed)", ",".join(p["routed"]) or "-",
                          ",".join(c for c in p["candidates"] if c != p["active"]) or "-"))
-        out += ["", f"layer 3 on device {l3['device']}", *_table(rows)]
+        out += ["", escape(f"layer 3 on device {l3['device']}"), *_table(rows)]
     return "\n".join(out) + "\n"
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Aligned columns. Every cell is escaped (raven/logsafe.py's rule), whatever the snapshot holds: a newline
+    in a cell cannot forge a row, nor an escape sequence drive the terminal."""
+    rows = [tuple(escape(str(cell)) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -144,7 +144,10 @@ class TunnelEndpoint:
             return self._refuse(peer, Reason.UNREADABLE_CLIENT_CERTIFICATE, f"unreadable client certificate: {exc}")
         if ident.role != "agent" or not ident.pools:
             return self._refuse(peer, Reason.NOT_AN_AGENT_CERTIFICATE,
-                                f"certificate {ident.common_name!r} is not an agent certificate with pools")
+                                f"certificate {ident.common_name[:80]!r} is not an agent certificate with pools")
+        problem = ident.names_problem()  # a CA-signed name is checked by the rule node names follow
+        if problem:
+            return self._refuse(peer, Reason.INVALID_IDENTITY, f"agent certificate refused: {problem}")
         return ident
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -163,7 +166,7 @@ class TunnelEndpoint:
         ident = self._identity(request, peer)
         if not isinstance(ident, pki.Identity):
             return ident
-        claim = Claim(ident.agent or ident.common_name, ident.common_name, frozenset(ident.pools), ident.cidrs)
+        claim = Claim(ident.name, ident.common_name, frozenset(ident.pools), ident.cidrs)
         del ident  # this frame lives as long as the session: keep the four fields, not the parsed certificate
 
         # aiohttp refuses a message of exactly max_msg_size; the wire decoder enforces max_frame, inclusive.
@@ -185,7 +188,7 @@ class TunnelEndpoint:
         """The gateway's policy for one HELLO: the WELCOME, or :class:`HandshakeRefused` (GOAWAY with the reason)."""
         expected = claim.name
         if hello.agent != expected:
-            raise HandshakeRefused(Reason.HELLO_AGENT_MISMATCH, f"HELLO names agent {hello.agent!r} but the "
+            raise HandshakeRefused(Reason.HELLO_AGENT_MISMATCH, f"HELLO names agent {hello.agent[:80]!r} but the "
                                    f"certificate is for {expected!r}", key=peer)
         cfg = self.cfg
         held = self.registry.agent_sessions(expected)

@@ -11,6 +11,11 @@ no peer can forge another line or drive a terminal; and the line is cut at ``MAX
 :class:`SafeLines` applies :func:`clean` to every record a handler writes, whoever logged it (Raven or its
 libraries), including the text of an exception's traceback; :func:`install` puts it on the root logger's
 handlers. Raven's own log calls need no escaping of their own: this is the one place it happens.
+
+:func:`escape` is also the one rule for control characters wherever else Raven shows what a peer chose: the wire
+decoder applies it to the free-text reasons peers send (RESET, GOAWAY, DRAIN: ``peer_text`` in
+raven/protocol/frames/base.py), and ``raven status`` and the status page apply it to every cell they show
+(gateway/status.py), whatever the snapshot holds.
 """
 
 from __future__ import annotations

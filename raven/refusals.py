@@ -107,6 +107,8 @@ class Reason(enum.Enum):
     CLIENT_CERTIFICATE_REQUIRED = (Where.HANDSHAKE, "client certificate required", 401)
     UNREADABLE_CLIENT_CERTIFICATE = (Where.HANDSHAKE, "unreadable client certificate", 403)
     NOT_AN_AGENT_CERTIFICATE = (Where.HANDSHAKE, "not-an-agent-certificate", 403)
+    # An agent certificate whose agent name, pool or CIDR breaks the rule node names follow (CR LF, escapes...).
+    INVALID_IDENTITY = (Where.HANDSHAKE, "invalid-identity", 403)
     GATEWAY_DRAINING = (Where.HANDSHAKE, "gateway is draining", 503)
     NO_HELLO = (Where.HANDSHAKE, "no-hello", 400)
     BAD_HELLO = (Where.HANDSHAKE, "bad-hello", 400)

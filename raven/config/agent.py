@@ -92,7 +92,8 @@ class AgentGateway(Model):
 
 
 class AgentConfig(Model):
-    name: str | None = Field(None, description="agent identity; defaults to the certificate's agent name")
+    name: NodeName | None = Field(None, description="agent identity (an RFC 1123 name, as the gateway requires); "
+                                  "defaults to the certificate's agent name")
     pool: PoolName | None = Field(
         None, description="the edge pool this agent serves; defaults to the certificate's pool when it names one"
     )

@@ -27,7 +27,7 @@ def _node_name(value: str) -> str:
 
 
 def _pool_name(value: str) -> str:
-    if not wire.valid_node_name(value) or "." in value:
+    if not wire.valid_pool_name(value):
         raise ValueError(f"{value!r} is not a valid pool name (an RFC 1123 label)")
     return value
 

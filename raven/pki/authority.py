@@ -259,13 +259,25 @@ def issue(
         eku = ExtendedKeyUsageOID.CLIENT_AUTH
     else:
         raise PKIError(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")
+    return sign_leaf(ca_dir, out_dir, name, name, sans, eku, days)
 
+
+def sign_leaf(
+    ca_dir: Path, out_dir: Path, file_name: str, common_name: str, sans: Sequence[x509.GeneralName],
+    eku: x509.ObjectIdentifier, days: int,
+) -> tuple[Path, Path]:
+    """Sign a leaf certificate with the CA in ``ca_dir`` as given, and write ``<file_name>.pem`` and
+    ``<file_name>-key.pem``. Its names are not checked here (:func:`issue` checks them first): tests use it to make
+    what another CA may sign, e.g. an agent name with a CR LF, which the gateway must refuse."""
+    ca_dir = Path(ca_dir)
+    out_dir = Path(out_dir)
+    _check_days(days)
     ca_cert, ca_key, ca_cert_path, ca_key_path = _load_ca(ca_dir)
-    cert_path = out_dir / f"{name}.pem"
-    key_path = out_dir / f"{name}-key.pem"
+    cert_path = out_dir / f"{file_name}.pem"
+    key_path = out_dir / f"{file_name}-key.pem"
     ca_files = {ca_cert_path.resolve(), ca_key_path.resolve()}
     if cert_path.resolve() in ca_files or key_path.resolve() in ca_files:
-        raise PKIError(f"name {name!r} would overwrite the CA's own files in {out_dir}; choose another name")
+        raise PKIError(f"name {file_name!r} would overwrite the CA's own files in {out_dir}; choose another name")
 
     now = _now()
     not_after = now + dt.timedelta(days=days)
@@ -285,7 +297,7 @@ def issue(
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

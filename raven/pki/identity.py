@@ -5,6 +5,7 @@ from a PEM or DER file or the bytes a TLS peer presented.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from raven.errors import PKIError
+from raven.logsafe import escape
 from raven.pki.common import AGENT_URI_PREFIX, CIDR_URI_PREFIX, POOL_URI_PREFIX, dedupe, fmt_delta, fmt_time, read_file
+from raven.protocol.wire import valid_node_name, valid_pool_name
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,31 @@ class Identity:
     issuer: str
     fingerprint_sha256: str
     cidrs: tuple[str, ...] = ()  # layer 3: ranges the agent may announce (urn:raven:cidr:)
+
+    @property
+    def name(self) -> str:
+        """The agent's name: its ``urn:raven:agent:`` URI, else the common name."""
+        return self.agent or self.common_name
+
+    def names_problem(self) -> str:
+        """Why the names an agent certificate gives its holder cannot be used ("" when they can).
+
+        A CA signs what it is asked to (cert-manager, another team's CA), so a CA-signed name is still checked by
+        the rule node names follow: the agent's name is an RFC 1123 name, each pool an RFC 1123 label, each CIDR
+        a CIDR. They go into answers' headers (``X-Raven-Agent``), metric labels, logs and ``raven status``, so a
+        name with a CR LF or a terminal escape must never get a session."""
+        if not valid_node_name(self.name):
+            return (f"the certificate's agent name {self.name[:80]!r} is not an RFC 1123 name (lower-case letters, "
+                    "digits, '-' and '.', at most 253 characters)")
+        bad = [p for p in self.pools if not valid_pool_name(p)]
+        if bad:
+            return f"the certificate's pool {bad[0][:80]!r} is not an RFC 1123 label (at most 63 characters)"
+        for cidr in self.cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                return f"the certificate's layer-3 range {cidr[:80]!r} is not a CIDR without host bits"
+        return ""
 
     def is_valid_at(self, when: dt.datetime) -> bool:
         """True if ``when`` (timezone-aware) lies inside the certificate's validity window."""
@@ -68,7 +96,7 @@ class Identity:
         lines.append(f"  Issuer:        {self.issuer}")
         lines.append(f"  Serial:        {self.serial:x}")
         lines.append(f"  SHA-256:       {self.fingerprint_sha256}")
-        return "\n".join(lines)
+        return "\n".join(escape(line) for line in lines)  # a certificate's names are whatever its CA signed
 
     def _status(self, now: dt.datetime) -> str:
         if now < self.not_before:

@@ -40,6 +40,7 @@ from raven.protocol.frames.base import (
     MAX_REFUSAL_REASON,
     MAX_RELEASE,
     MAX_ROUTES,
+    MAX_SESSION_ID,
     MAX_STREAM_ID,
     MAX_WINDOW_INCREMENT,
     PROTOCOL_VERSION,
@@ -51,7 +52,10 @@ from raven.protocol.frames.base import (
     ProtocolError,
     ResetCode,
     StreamKind,
+    peer_text,
     valid_node_name,
+    valid_pool_name,
+    valid_session_id,
 )
 from raven.protocol.frames.control import (
     ControlFrame,
@@ -116,11 +120,12 @@ from raven.protocol.frames.streams import (
 __all__ = [
     "BATCHED_FROM", "CONTROL_TYPES", "DEFAULT_LIMITS", "FIELDS_FROM", "FLAG_FIELDS", "FLAG_FIN", "HEADER",
     "HEADER_SIZE", "MAX_CLIENT_KEY", "MAX_DEADLINE_MS", "MAX_REFUSAL_REASON", "MAX_RELEASE", "MAX_ROUTES",
-    "MAX_STREAM_ID", "MAX_WINDOW_INCREMENT", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "ControlFrame", "Data",
-    "Datagram", "Drain", "End", "Frame", "FrameType", "GoAway", "Head", "Headers", "Hello", "Limits", "NodeInfo",
-    "Open", "OpenFields", "Ping", "Pong", "ProtocolError", "Register", "Registered", "Reset", "ResetCode", "Routes",
-    "StreamFrame", "StreamKind", "Welcome", "Window", "data_header", "datagram_header", "decode", "encode",
-    "encode_data", "length_prefix", "split_batch", "split_registered", "valid_node_name",
+    "MAX_SESSION_ID", "MAX_STREAM_ID", "MAX_WINDOW_INCREMENT", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS",
+    "ControlFrame", "Data", "Datagram", "Drain", "End", "Frame", "FrameType", "GoAway", "Head", "Headers", "Hello",
+    "Limits", "NodeInfo", "Open", "OpenFields", "Ping", "Pong", "ProtocolError", "Register", "Registered", "Reset",
+    "ResetCode", "Routes", "StreamFrame", "StreamKind", "Welcome", "Window", "data_header", "datagram_header",
+    "decode", "encode", "encode_data", "length_prefix", "peer_text", "split_batch", "split_registered",
+    "valid_node_name", "valid_pool_name", "valid_session_id",
 ]
 
 Frame = ControlFrame | StreamFrame

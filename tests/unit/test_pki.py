@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -22,6 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raven import pki
 from raven.cli import certs
+from raven.pki.authority import sign_leaf
 
 
 def _mode(path: Path) -> int:
@@ -311,6 +313,30 @@ def test_load_identity_reads_the_first_certificate_of_a_bundle(ca_dir: Path, tmp
     bundle = tmp_path / "bundle.pem"
     bundle.write_bytes(cert_path.read_bytes() + (ca_dir / "ca.pem").read_bytes())
     assert pki.load_identity(bundle).agent == "edge-a"
+
+
+@pytest.mark.parametrize(("agent", "pools", "cidrs", "says"), [
+    ("evil\r\nX-Injected: yes", ["pool-a"], [], "agent name 'evil\\r\\nX-Injected: yes' is not an RFC 1123 name"),
+    ("Edge_A", ["pool-a"], [], "agent name 'Edge_A'"),
+    ("edge-a", ["pool-a", "pool-b\x1b[2J"], [], "pool 'pool-b\\x1b[2J' is not an RFC 1123 label"),
+    ("edge-a", ["pool.a"], [], "pool 'pool.a'"),
+    ("edge-a", ["pool-a"], ["10.0.0.1/8"], "layer-3 range '10.0.0.1/8' is not a CIDR"),
+    ("edge-a.pool-a", ["pool-a"], ["10.0.0.0/8"], ""),
+])
+def test_names_problem_applies_the_node_name_rule_to_a_signed_certificate(
+        ca_dir: Path, agent: str, pools: list[str], cidrs: list[str], says: str) -> None:
+    """A CA signs what it is asked to: the names a signed agent certificate gives are checked by the rule node
+    names follow before the gateway uses them (gateway/tunnel.py) or the agent starts with it."""
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(pki.AGENT_URI_PREFIX + agent)]
+    sans += [x509.UniformResourceIdentifier(pki.POOL_URI_PREFIX + p) for p in pools]
+    sans += [x509.UniformResourceIdentifier(pki.CIDR_URI_PREFIX + c) for c in cidrs]
+    cert_path, _ = sign_leaf(ca_dir, ca_dir, "leaf", agent, sans, ExtendedKeyUsageOID.CLIENT_AUTH, days=2)
+    ident = pki.load_identity(cert_path)
+    assert ident.name == agent
+    problem = ident.names_problem()
+    assert (says in problem and problem) if says else problem == "", problem
+    shown = ident.describe()  # `raven certs inspect`: one line per field, no control character
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f]", shown) and len(shown.splitlines()) == 11 + bool(cidrs), shown
 
 
 def test_describe_reports_validity(ca_dir: Path) -> None:

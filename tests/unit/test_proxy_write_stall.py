@@ -49,6 +49,7 @@ class Writer:
     def __init__(self, stall_at_eof: bool) -> None:
         self.stall_at_eof = stall_at_eof
         self.written: list[bytes] = []
+        self.headers: dict[str, str] = {}
         self.buffer_size = 0
         self.output_size = 0
         self.length: int | None = None
@@ -62,6 +63,7 @@ class Writer:
 
     async def write_headers(self, status_line: str, headers: Any) -> None:
         self.written.append(status_line.encode())
+        self.headers = dict(headers)
 
     def send_headers(self) -> None:
         pass

@@ -25,7 +25,7 @@ REGISTRATION_LABELS = {
     "dotted-name", "claimed-by-other-pool", "bound-to-other-pool",
 }
 HANDSHAKE_LABELS = {
-    "client certificate required", "unreadable client certificate", "not-an-agent-certificate",
+    "client certificate required", "unreadable client certificate", "not-an-agent-certificate", "invalid-identity",
     "gateway is draining", "no-hello", "bad-hello", "hello-agent-mismatch", "agent-session-cap", "session-cap",
     "session-rate", "version", "agent-version", "register-rate", "routes-rate",
 }

@@ -15,13 +15,16 @@ header_value = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=25
 headers = st.lists(st.tuples(token, header_value), max_size=10).map(tuple)
 stream_id = st.integers(min_value=1, max_value=2**32 - 1)
 node = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")
+# Free text a peer sends (RESET, GOAWAY, DRAIN reasons) comes back as sent when it has no control character (those
+# are escaped at decode: test_peer_text_is_escaped_at_decode).
+reason = st.text(alphabet=st.characters(exclude_categories=("Cc", "Cs", "Cf", "Zl", "Zp")), max_size=50)
 release = st.one_of(st.just(""), st.from_regex(r"\A[0-9A-Za-z][0-9A-Za-z.+!_-]{0,40}\Z"))
 
 frames = st.one_of(
     st.builds(wire.Data, stream_id, st.binary(max_size=2048), st.booleans()),
     st.builds(wire.Window, stream_id, st.integers(1, wire.MAX_WINDOW_INCREMENT)),
     st.builds(wire.End, stream_id),
-    st.builds(wire.Reset, stream_id, st.integers(0, 65535), st.text(max_size=50)),
+    st.builds(wire.Reset, stream_id, st.integers(0, 65535), reason),
     st.builds(
         wire.Open,
         stream_id,
@@ -40,10 +43,10 @@ frames = st.one_of(
     ),
     st.builds(wire.Ping, st.integers(0, 2**64 - 1)),
     st.builds(wire.Pong, st.integers(0, 2**64 - 1)),
-    st.builds(wire.Drain, st.text(max_size=40)),
-    st.builds(wire.GoAway, st.integers(0, 65535), st.text(max_size=40)),
+    st.builds(wire.Drain, reason),
+    st.builds(wire.GoAway, st.integers(0, 65535), reason),
     st.builds(
-        wire.Hello, token, token, st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
+        wire.Hello, node, token, st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
         st.integers(1, 2**31 - 1), st.integers(1, 1 << 20), release,
     ),
     st.builds(
@@ -169,3 +172,47 @@ def test_node_names() -> None:
     assert not wire.valid_node_name("-edge")
     assert not wire.valid_node_name("a" * 64)
     assert not wire.valid_node_name("")
+
+
+EVIL = "down\x1b[2J\x1b]0;title\x07\r\nforged row\x00\x9b\u2028\u202eevil"
+
+
+@pytest.mark.parametrize("frame", [wire.Reset(3, wire.ResetCode.CONNECT_FAILED, EVIL), wire.GoAway(5, EVIL),
+                                   wire.Drain(EVIL)], ids=["RESET", "GOAWAY", "DRAIN"])
+def test_peer_text_is_escaped_at_decode(frame: wire.Reset | wire.GoAway | wire.Drain) -> None:
+    """The free text a peer sends is kept and shown (logs, `raven status`, the status page): it comes out of the
+    decoder with every control character a visible escape, so nothing downstream holds it raw."""
+    decoded = wire.decode(wire.encode(frame))
+    assert isinstance(decoded, wire.Reset | wire.GoAway | wire.Drain) and type(decoded) is type(frame)
+    assert decoded.reason == ("down\\x1b[2J\\x1b]0;title\\x07\\r\\nforged row\\x00\\x9b\\u2028\\u202eevil")
+    # Escaping grows the text (one byte, four characters): it is still cut to the limit.
+    long = wire.decode(wire.encode(wire.Drain("\x01" * wire.DEFAULT_LIMITS.max_reason)))
+    assert isinstance(long, wire.Drain) and long.reason == "\\x01" * (wire.DEFAULT_LIMITS.max_reason // 4)
+
+
+def _hello(agent: str, session: str) -> bytes:
+    return wire.encode(wire.Hello(agent, session))
+
+
+@pytest.mark.parametrize(("agent", "session", "says"), [
+    ("edge-agent-1", "\n\x1b[31mX\x07", "field 'session'"),
+    ("edge-agent-1", "", "field 'session'"),
+    ("edge-agent-1", "a" * (wire.MAX_SESSION_ID + 1), "field 'session'"),
+    ("edge-agent-1", "3f2a 9c0e", "field 'session'"),
+    ("evil\r\nX-Injected: yes", "3f2a9c0e", "field 'agent'"),
+    ("Edge_Agent", "3f2a9c0e", "field 'agent'"),
+    ("", "3f2a9c0e", "field 'agent'"),
+])
+def test_hello_takes_only_a_name_and_a_token(agent: str, session: str, says: str) -> None:
+    """HELLO's agent and session id are kept for the session's life and shown: an agent name by the rule node
+    names follow, a session id of 1..64 characters of [A-Za-z0-9_-]; anything else is a protocol error."""
+    with pytest.raises(wire.ProtocolError, match=says):
+        wire.decode(_hello(agent, session))
+
+
+def test_hello_takes_what_agents_send() -> None:
+    for session in ("3f2a9c0e5b7d4e1f8a6c2b9d0e4f7a13", "a" * wire.MAX_SESSION_ID, "x", "A-b_9"):
+        hello = wire.decode(_hello("edge-agent-1.pool-a", session))
+        assert isinstance(hello, wire.Hello) and hello.session == session
+    assert wire.valid_pool_name("pool-a") and not wire.valid_pool_name("pool.a")
+    assert not wire.valid_pool_name("pool-a\r\n")

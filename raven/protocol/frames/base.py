@@ -9,6 +9,7 @@ import struct
 from dataclasses import dataclass
 
 from raven.errors import RavenError
+from raven.logsafe import escape
 
 PROTOCOL_VERSION = 3  # what a gateway chooses when the agent offers it
 SUPPORTED_VERSIONS = (1, 2, 3)
@@ -32,10 +33,12 @@ MAX_ROUTES = 1024  # CIDRs in one ROUTES frame
 MAX_RELEASE = 64  # characters of the release a peer announces in HELLO/WELCOME
 MAX_DEADLINE_MS = 86_400_000  # an OPEN's deadline field: at most a day (0: none given, the agent's own applies)
 MAX_CLIENT_KEY = 32  # characters of an OPEN's client (fairness) key: [A-Za-z0-9_-]
+MAX_SESSION_ID = 64  # characters of HELLO's session id: [A-Za-z0-9_-] (agents send a UUID's 32 hex digits)
 
 TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_SESSION_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_SESSION_ID}}}\Z")
 
 
 class FrameType(enum.IntEnum):
@@ -129,6 +132,23 @@ Headers = tuple[tuple[str, str], ...]
 def valid_node_name(name: str) -> bool:
     """RFC 1123 host name, lower case, at most 253 characters."""
     return 0 < len(name) <= 253 and _NODE_NAME.match(name) is not None
+
+
+def valid_pool_name(name: str) -> bool:
+    """A pool name: one RFC 1123 label (a node name without dots), at most 63 characters."""
+    return "." not in name and valid_node_name(name)
+
+
+def valid_session_id(session: str) -> bool:
+    """HELLO's session id: 1..MAX_SESSION_ID characters of ``[A-Za-z0-9_-]``."""
+    return _SESSION_ID.match(session) is not None
+
+
+def peer_text(raw: bytes | memoryview, limit: int) -> str:
+    """Free text a peer chose (the reason of a RESET, GOAWAY or DRAIN) as it may be kept and shown: UTF-8 (bad
+    bytes replaced), control characters escaped by raven/logsafe.py's rule (so that no log line, ``raven status``
+    table or status page shows a terminal escape or a line of the peer's making), at most ``limit`` characters."""
+    return escape(bytes(raw).decode("utf-8", "replace"))[:limit]
 
 
 def header(ftype: FrameType, flags: int, stream_id: int) -> bytes:

@@ -18,12 +18,16 @@ from raven.protocol.frames.base import (
     MAX_REFUSAL_REASON,
     MAX_RELEASE,
     MAX_ROUTES,
+    MAX_SESSION_ID,
     SUPPORTED_VERSIONS,
     U64,
     FrameType,
     Limits,
     ProtocolError,
     header,
+    peer_text,
+    valid_node_name,
+    valid_session_id,
 )
 from raven.protocol.frames.streams import RESET_FIXED
 
@@ -122,9 +126,18 @@ def decode_hello(payload: memoryview, limits: Limits) -> Hello:
     max_streams = _field(obj, "max_streams", int, "HELLO")
     _positive(window, "window", "HELLO")
     _positive(max_streams, "max_streams", "HELLO", 1 << 20)
+    # Both are kept for the session's life and shown (logs, `raven status`, the status page): checked here, where
+    # they enter, so that nothing downstream holds a name or an id of the peer's own shape.
+    agent = _field(obj, "agent", str, "HELLO")
+    if not valid_node_name(agent):
+        raise ProtocolError("HELLO: field 'agent' must be an RFC 1123 name (lower-case letters, digits, '-' and "
+                            "'.', at most 253 characters)")
+    session = _field(obj, "session", str, "HELLO")
+    if not valid_session_id(session):
+        raise ProtocolError(f"HELLO: field 'session' must be 1..{MAX_SESSION_ID} characters of [A-Za-z0-9_-]")
     return Hello(
-        agent=_field(obj, "agent", str, "HELLO"),
-        session=_field(obj, "session", str, "HELLO"),
+        agent=agent,
+        session=session,
         versions=tuple(versions),
         window=window,
         max_streams=max_streams,
@@ -341,7 +354,7 @@ def encode_drain(frame: Drain) -> bytes:
 def decode_drain(payload: memoryview, limits: Limits) -> Drain:
     if len(payload) > limits.max_reason:
         raise ProtocolError("DRAIN reason too long")
-    return Drain(bytes(payload).decode("utf-8", "replace"))
+    return Drain(peer_text(payload, limits.max_reason))
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +371,7 @@ def encode_goaway(frame: GoAway) -> bytes:
 def decode_goaway(payload: memoryview, limits: Limits) -> GoAway:
     if not 2 <= len(payload) <= 2 + limits.max_reason:
         raise ProtocolError("GOAWAY payload has a bad length")
-    return GoAway(int(RESET_FIXED.unpack(payload[:2])[0]), bytes(payload[2:]).decode("utf-8", "replace"))
+    return GoAway(int(RESET_FIXED.unpack(payload[:2])[0]), peer_text(payload[2:], limits.max_reason))
 
 
 # ---------------------------------------------------------------- layer 3: DATAGRAM and ROUTES

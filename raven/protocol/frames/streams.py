@@ -32,6 +32,7 @@ from raven.protocol.frames.base import (
     decode_headers,
     encode_headers,
     header,
+    peer_text,
     short_str,
 )
 
@@ -237,7 +238,7 @@ def decode_reset(stream_id: int, payload: memoryview, fin: bool, limits: Limits)
     if not 2 <= len(payload) <= 2 + limits.max_reason:
         raise ProtocolError("RESET payload has a bad length", stream_id)
     code = int(RESET_FIXED.unpack(payload[:2])[0])
-    return Reset(stream_id, code, bytes(payload[2:]).decode("utf-8", "replace"))
+    return Reset(stream_id, code, peer_text(payload[2:], limits.max_reason))
 
 
 # ---------------------------------------------------------------- WINDOW
