@@ -9,12 +9,12 @@ probe, a Prometheus holds one) is the last to lose one:
 - a connection being answered is never taken. The ones taken first *wait*: one owing its request head for
   longer than ``grace`` (a local client's head follows its connect within milliseconds: such a head is
   overdue), then one idle between requests (a keep-alive connection);
-- it is taken from the client holding the most connections (more than one), the oldest overdue head or else
-  the connection idle longest; when that client has none, from any client: the oldest overdue head, the connection idle longest,
-  and failing those the oldest connection still owing its head: a new probe's connection is the newest there,
-  so it is taken only if a whole listener's worth of connections arrives before its head does (a flood of new
-  connections at the rate the process accepts them is not something a listener can outlast: the
-  NetworkPolicy bounds who can send it);
+- it is taken from the client holding the most connections (more than one): its oldest overdue head, else its
+  connection idle longest; when that client has none, from any client: the oldest overdue head, else the
+  connection idle longest. Failing those, only heads on their way are left: the heaviest client's oldest, else
+  the oldest of all. A new probe's connection is the newest there, so it is taken only if a listener's worth of
+  connections from as many addresses arrives before its head does (a flood of new connections at the rate the
+  process accepts them is not something a listener can outlast: the NetworkPolicy bounds who can send it);
 - no connection is taken from a client that holds fewer than the newcomer's own: an address holding many
   cannot displace one holding few. Many addresses holding one each (an IPv6 prefix) displace each other, and
   a Prometheus's idle connection among them; never a probe's connection that is being answered or whose head
@@ -125,8 +125,7 @@ class Eviction:
                 break
             for conn in self._idle_of.get(heaviest, ()):
                 return conn
-        # Any client holding at least the newcomer's count: the oldest overdue head, the connection idle longest,
-        # the oldest head at all (the last resort: a connection whose head may be on its way).
+        # Any client holding at least the newcomer's count: the oldest overdue head, the connection idle longest.
         for conn, since in self._head.items():
             if since > stale:
                 break
@@ -134,6 +133,11 @@ class Eviction:
                 return conn
         for conn in self._idle:
             if count[conn.client] >= floor:
+                return conn
+        # Only heads on their way are left: the heaviest client's oldest (a burst of new connections from a few
+        # addresses must not take a probe's), else the oldest of all.
+        if count[heaviest] > 1:
+            for conn in self._head_of.get(heaviest, ()):
                 return conn
         for conn in self._head:
             if count[conn.client] >= floor:

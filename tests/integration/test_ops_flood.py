@@ -13,7 +13,7 @@ kubelet opens a new connection for each of ``/healthz``, ``/readyz`` and ``/metr
 three at once), and a Prometheus scrapes ``/metrics`` every second over one keep-alive connection. Every one of
 those requests must be answered ``200`` within the probe timeout (1 s) for 15 s. The pages they get say that the
 listener was full meanwhile (``raven_ops_connections``) and that it evicted (``raven_ops_refused_total``), and
-the gateway's log that it never evicted the kubelet's or Prometheus's connections.
+the gateway's log that it never evicted the kubelet's or Prometheus's connections for another's.
 """
 
 from __future__ import annotations
@@ -159,7 +159,9 @@ async def test_probes_are_answered_while_the_ops_port_is_flooded(cluster: LocalC
               if status != 200 or took >= PROBE_TIMEOUT]
     assert len(probes) >= 3 * int(WINDOW / PROBE_PERIOD) * 0.8, len(probes)
     log = (cluster.workdir / "gateway.log").read_text()
-    kubelet_lines = [line for line in log.splitlines() if KUBELET in line]
+    # The kubelet's connections are never closed for another's (one it had been answered on may go for its own).
+    kubelet_lines = [line for line in log.splitlines()
+                     if f"connection from {KUBELET} closed" in line and f"admit one from {KUBELET}:" not in line]
     assert not failed, (f"{len(failed)} of {len(probes)} probes failed, e.g. {failed[:5]}; attacker {after}; "
                         f"the gateway on the kubelet: {kubelet_lines[-5:]}")
     bad = [(status, took, body[:80]) for status, took, body in scrapes if status != 200 or took >= PROBE_TIMEOUT]
@@ -176,7 +178,9 @@ async def test_probes_are_answered_while_the_ops_port_is_flooded(cluster: LocalC
     assert not kubelet_lines, kubelet_lines
     if flood.name != "576x1-held":  # among many addresses holding one each, Prometheus's may go (it reconnects)
         assert f"connection from {PROMETHEUS} closed" not in log
-    print(f"{len(probes)} probes, slowest {max(p[2] for p in probes) * 1000:.0f} ms; {len(scrapes)} scrapes, "
+    took = sorted(p[2] for p in probes)
+    print(f"{flood.name}: {len(probes)} probes, median {took[len(took) // 2] * 1000:.0f} ms, slowest "
+          f"{', '.join(f'{t * 1000:.0f}' for t in took[-3:])} ms; {len(scrapes)} scrapes, "
           f"slowest {max(s[1] for s in scrapes) * 1000:.0f} ms; listener open at /metrics: min {min(full):.0f}, "
           f"median {sorted(full)[len(full) // 2]:.0f}; evicted {evicted:.0f} meanwhile; attacker before "
           f"{before}, after {after}")

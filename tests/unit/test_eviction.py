@@ -103,3 +103,12 @@ def test_the_counts_follow_the_connections() -> None:
     for conn in conns:
         ev.remove(conn)
     assert len(ev) == 0 and ev.holds("10.0.0.2") == 0 and ev.victim("10.0.0.3", now=2.0) is None
+
+
+def test_a_burst_of_new_connections_from_few_addresses_takes_theirs_not_a_probe_on_its_way() -> None:
+    ev = Eviction(GRACE)
+    probe = held(ev, "10.0.0.3", 1, now=10.0, idle=False)[0]  # its head is on its way
+    burst = [held(ev, f"10.1.0.{i}", 56, now=10.01, idle=False) for i in range(9)]  # all fresh, all newer
+    assert ev.victim("10.0.0.4", now=10.05) is burst[0][0]
+    assert ev.victim("10.0.0.3", now=10.05) is burst[0][0]  # the kubelet's next probe as well
+    assert ev.holds("10.0.0.3") == 1 and probe is not burst[0][0]
