@@ -6,15 +6,19 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from raven.aio import retrieve_exception
 from raven.config import split_host_port
 from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
 
 # The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood
-# there from costing the other listeners their descriptors.
-OPS_LIMITS = GuardLimits(head_timeout=10.0, idle_timeout=120.0, max_connections=512, max_per_client=64)
+# there from costing the other listeners their descriptors. Full, it admits a new connection by closing a
+# waiting one of the client holding the most (raven/transport/eviction.py): connections held from any number
+# of addresses cannot keep the kubelet's probes (a new connection each) or a Prometheus out. A request head owed
+# for over a second counts as waiting: the kubelet's and Prometheus's follow their connect within milliseconds.
+OPS_LIMITS = GuardLimits(head_timeout=10.0, idle_timeout=120.0, max_connections=512, max_per_client=64,
+                        evict_grace=1.0)
 
 
 class MetricsPage:
@@ -72,7 +76,12 @@ async def start_ops_server(
         except web.HTTPNotFound:  # only unknown paths: a wrong method stays a 405 with its Allow header
             return web.Response(status=404, text=f"no endpoint {request.path!r} here; try: {endpoints}\n")
 
-    guard = ConnectionGuard(f"ops listener {listen}", OPS_LIMITS)
+    refused = Counter("raven_ops_refused", "Connections the ops listener refused or closed early, by reason "
+                      "(evicted: closed to admit another while the listener was full)", ["reason"], registry=registry)
+    guard = ConnectionGuard(f"ops listener {listen}", OPS_LIMITS,
+                            on_refused=lambda reason: refused.labels(reason).inc())
+    Gauge("raven_ops_connections", f"Connections open on the ops listener (at most {OPS_LIMITS.max_connections})",
+          registry=registry).set_function(lambda: guard.connections)
     app = web.Application(middlewares=[guard_middleware(guard), helpful_404])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -15,7 +15,8 @@ the accounts:
   service) and never lower than ``max_per_client``; ``max_connections`` bounds proven and unproven together;
 - a connection admitted while ``max_connections`` are held is *over the cap*: it stays within the unproven
   caps and its first request is answered ``503`` (naming the node, so that the refusal shows per node) and the
-  connection closed;
+  connection closed; a listener with ``evict_grace`` (the ops listeners, whose handler never vouches) instead
+  closes a waiting connection of the client holding the most to admit it (raven/transport/eviction.py);
 - a new connection must deliver a complete request head within ``head_timeout``; after a response, the next
   request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
   connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
@@ -28,7 +29,8 @@ the accounts:
 
 While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
 write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
-:meth:`ConnectionGuard.request_finished` (:func:`guarded_handler` and :func:`guard_middleware` do it).
+:meth:`ConnectionGuard.request_finished` (raven/transport/listener.py's
+:func:`~raven.transport.listener.guarded_handler` and ``guard_middleware`` do it).
 
 The guard's counts (unauthenticated and authenticated connections per client, the over-capacity ones, the
 drain) and the per-connection protocol that moves a connection between them are one state kept in step, so
@@ -42,14 +44,14 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from aiohttp import web
 
 from raven.lograte import RateLimitedLog
+from raven.transport.eviction import Eviction
 
-__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler", "guard_middleware",
-           "guarded_handler"]
+__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler"]
 
 log = logging.getLogger("raven.transport.listener")
 
@@ -64,6 +66,13 @@ class GuardLimits:
     max_per_client: int = 2048  # proven connections from one address (at least; see ConnectionGuard.proven_cap)
     max_unproven: int | None = None  # None: max_connections (a listener whose handler never vouches)
     max_unproven_per_client: int | None = None  # None: max_per_client
+    # None: a full listener refuses a new connection. A number: it closes a waiting connection of the client
+    # holding the most to admit it (raven/transport/eviction.py; a head owed longer than this is overdue).
+    evict_grace: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.evict_grace is not None and self.max_unproven is not None:
+            raise ValueError("evict_grace is for listeners whose handler never vouches (max_unproven None)")
 
     @property
     def unproven_total(self) -> int:
@@ -114,8 +123,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     :class:`_ReadBuffer`) and hands aiohttp's protocol a copy with ``data_received``.
     """
 
-    __slots__ = ("_admitted", "_buffered", "_client", "_drain", "_guard", "_inner", "_over", "_paused", "_phase",
-                 "_preadmitted", "_proven", "_timer", "_transport")
+    __slots__ = ("_admitted", "_buffered", "_client", "_drain", "_evicted", "_guard", "_inner", "_over", "_paused",
+                 "_phase", "_preadmitted", "_proven", "_timer", "_transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
                  over: bool = False) -> None:
@@ -133,6 +142,11 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._over = over  # admitted beyond max_connections: its first request is refused
         self._drain: list[asyncio.Future[None]] = []
         self._buffered = 0  # bytes still to send at the last expiry (0: none): the client's progress since
+        self._evicted = False  # closed to make room for another: released from the counts then
+
+    @property
+    def client(self) -> str:
+        return self._client
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -149,6 +163,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
                 return
         self._admitted = True
         self._guard._conns[transport] = self
+        if self._guard._eviction is not None:
+            self._guard._eviction.add(self, asyncio.get_running_loop().time())
         self._arm(self._guard.limits.head_timeout)  # a new connection owes a complete head
         self._inner.connection_made(transport)
 
@@ -158,6 +174,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         if self._phase == _IDLE:  # the first byte of the next request: its head has a deadline now
             self._phase = _HEAD
             self._arm(self._guard.limits.head_timeout)
+            self._waiting(head=True)
         self._inner.data_received(data)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -179,7 +196,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             return
         self._admitted = False
         self._wake_drain(ConnectionResetError("client connection lost"))
-        self._guard.release(self._client, self._transport, self._proven, self._over)
+        if not self._evicted:  # an evicted connection was released when it was chosen
+            self._guard.release(self._client, self._transport, self._proven, self._over)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -220,6 +238,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     def busy(self) -> None:
         self._phase = _BUSY
         self._buffered = 0
+        if self._guard._eviction is not None and not self._evicted:
+            self._guard._eviction.busy(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -230,6 +250,11 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             limits = self._guard.limits
             # An unproven connection has sent only failed requests: it may not sit idle for long.
             self._arm(limits.idle_timeout if self._proven else min(limits.idle_timeout, limits.head_timeout))
+            self._waiting(head=False)
+
+    def _waiting(self, head: bool) -> None:  # it waits for a request head now, or idles
+        if self._guard._eviction is not None and not self._evicted:
+            self._guard._eviction.waiting(self, asyncio.get_running_loop().time(), head)
 
     def _expired(self) -> None:
         self._timer = None
@@ -285,6 +310,7 @@ class ConnectionGuard:
         self._unproven_total = 0
         self._over_total = 0
         self._conns: dict[asyncio.BaseTransport, _GuardedProtocol] = {}
+        self._eviction = Eviction(limits.evict_grace) if limits.evict_grace is not None else None
         self._log = RateLimitedLog(log)
         self.draining = False
         self._empty_waiters: list[asyncio.Future[None]] = []
@@ -329,6 +355,9 @@ class ConnectionGuard:
                           f"client {client} holds {held} unauthenticated connections to {self.name} "
                           f"(limit {limits.unproven_per_client} per client)")
             return "too many connections from this address", False
+        if self._eviction is not None and (self._unproven_total >= limits.unproven_total
+                                           or len(self._conns) - self._over_total >= limits.max_connections):
+            self._make_room(self._eviction, client)  # if it cannot, the checks below refuse the newcomer
         if self._unproven_total >= limits.unproven_total:
             self.refused("too-many-connections", client,
                           f"{self.name} holds {self._unproven_total} unauthenticated connections "
@@ -344,11 +373,28 @@ class ConnectionGuard:
         self._over_total += over
         return None, over
 
+    def _make_room(self, eviction: Eviction, client: str) -> None:
+        """The listener is full: close a waiting connection of the client holding the most, if there is one."""
+        victim = eviction.victim(client, asyncio.get_running_loop().time())
+        if not isinstance(victim, _GuardedProtocol) or victim._transport is None:
+            return
+        transport = victim._transport
+        self.refused("evicted", victim._client, f"evicted to admit one from {client}: the listener is full "
+                     f"({self.limits.max_connections}) and {victim._client} holds {eviction.holds(victim._client)}")
+        victim._evicted = True
+        self.release(victim._client, transport, victim._proven, victim._over)
+        if victim._phase == _IDLE and not transport.get_write_buffer_size():
+            transport.close()  # an idle keep-alive connection: an ordinary close
+        else:
+            transport.abort()  # its head is overdue, or it reads nothing of an answer: a close would wait
+
     def release(self, client: str, transport: asyncio.BaseTransport | None, proven: bool = False,
                  over: bool = False) -> None:
         """A connection counted by :meth:`admit` ended (``transport`` None: before its protocol came up)."""
         if transport is not None:
-            self._conns.pop(transport, None)
+            conn = self._conns.pop(transport, None)
+            if conn is not None and self._eviction is not None:
+                self._eviction.remove(conn)
         counts = self._proven if proven else self._unproven
         held = counts.get(client, 0) - 1
         if held > 0:
@@ -450,27 +496,3 @@ class ConnectionGuard:
         conn = self._conns.get(request.transport) if request.transport is not None else None
         if conn is not None:
             conn.idle()
-
-
-def guarded_handler(guard: ConnectionGuard, handler: Handler) -> Handler:
-    """A low-level ``web.Server`` handler that tells the guard when each request starts and ends."""
-
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        guard.request_started(request)
-        try:
-            return await handler(request)
-        finally:
-            guard.request_finished(request)
-
-    return handle
-
-
-def guard_middleware(guard: ConnectionGuard) -> Any:
-    """The same for a ``web.Application`` (tunnel and ops listeners)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        return await guarded_handler(guard, handler)(request)
-
-    return middleware
-

@@ -4,6 +4,7 @@
 (raven/transport/guard.py: the caps per client and in total, the head and idle deadlines). With TLS it runs its
 own accept loop, so that a connection is counted from its TCP accept and its handshake has a deadline.
 :func:`descriptor_budget` raises the open-files limit and says how many descriptors the listeners may use.
+:func:`guarded_handler` and :func:`guard_middleware` tell the guard when each request starts and ends.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import asyncio
 import logging
 import socket
 import ssl
+from typing import Any
 
+from aiohttp import web
 from aiohttp.web_runner import BaseRunner, BaseSite
 
 from raven.transport.guard import (  # re-exported: the services import the guard with the site
@@ -21,8 +24,6 @@ from raven.transport.guard import (  # re-exported: the services import the guar
     ConnectionGuard,
     GuardLimits,
     Handler,
-    guard_middleware,
-    guarded_handler,
 )
 
 __all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "GuardedSite", "Handler",
@@ -152,3 +153,27 @@ def descriptor_budget(reserve: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return 1 << 30
     return max(64, soft - reserve)
+
+
+def guarded_handler(guard: ConnectionGuard, handler: Handler) -> Handler:
+    """A low-level ``web.Server`` handler that tells the guard when each request starts and ends."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        guard.request_started(request)
+        try:
+            return await handler(request)
+        finally:
+            guard.request_finished(request)
+
+    return handle
+
+
+def guard_middleware(guard: ConnectionGuard) -> Any:
+    """The same for a ``web.Application`` (tunnel and ops listeners)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        return await guarded_handler(guard, handler)(request)
+
+    return middleware
+
