@@ -15,10 +15,7 @@ and every refusal answered in one place; the CONNECT relay in tcprelay.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +31,7 @@ from gateway.registry import AgentSession, Registry
 from gateway.request import check_header_block, client_key, content_length, header_safe
 from gateway.status import NodeResult
 from gateway.tcprelay import relay_tcp
+from raven.aio import reset_connection
 from raven.config import GatewayFront
 from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
@@ -434,19 +432,10 @@ class Proxy:
 
     @staticmethod
     def _abort(request: web.BaseRequest) -> None:
-        """Reset the client connection: a broken response must never read as complete.
-
-        A plain close would end an HTTP/1.0 body (delimited by the close) as if it were whole;
-        SO_LINGER 0 turns the close into a TCP RST for every client.
-        """
-        transport = request.transport
-        if transport is None:
-            return
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        transport.abort()
+        """Reset the client connection: a broken response must never read as complete (a plain close would end
+        an HTTP/1.0 body, delimited by the close, as if it were whole)."""
+        if request.transport is not None:
+            reset_connection(request.transport)
 
     # ------------------------------------------------------------ CONNECT
 

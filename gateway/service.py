@@ -416,9 +416,10 @@ class Gateway:
 
         1. ``/readyz`` says 503, agents are told (DRAIN), new tunnels are refused; every front-end answer from
            now on carries ``Connection: close`` and keep-alive connections waiting for their next request are
-           closed, so clients reconnect through the Service, to another replica once it has taken this one out.
-           (A client whose request crossed that close gets no byte back; Go's HTTP client, so Prometheus's,
-           sends an idempotent request again on a new connection then.)
+           closed once quiet (one whose request has begun to arrive is answered first: ConnectionGuard.drain),
+           so clients reconnect through the Service, to another replica once it has taken this one out. (A
+           request still on the wire as that close leaves gets no byte back; Go's HTTP client, so
+           Prometheus's, sends an idempotent request again on a new connection then.)
         2. For ``drain_linger`` new connections are still served, one request each, while the Service removes
            this replica from its endpoints; then the front listeners refuse new connections.
         3. Up to ``drain_grace`` for every front connection to finish its request and close.
@@ -432,7 +433,7 @@ class Gateway:
         for site in self._front_sites:
             await site.stop_accepting()
         closed += self.front_guard.drain()
-        log.info("draining: front end takes no new connection (%d idle keep-alive connection(s) closed, %d still "
+        log.info("draining: front end takes no new connection (%d quiet keep-alive connection(s) closed, %d still "
                  "open, %d request(s) in flight)", closed, self.front_guard.connections,
                  self.proxy.admission.node_streams.total)
         try:

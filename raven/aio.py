@@ -1,9 +1,12 @@
-"""Small asyncio helpers for cleanup paths: cancel tasks and wait for them; stop a process with a grace period."""
+"""Small asyncio helpers for cleanup paths: cancel tasks and wait for them; reset a connection; stop a process
+with a grace period."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +26,19 @@ def retrieve_exception(fut: asyncio.Future[Any]) -> None:
     cancelled through a shield): its error is taken, so asyncio does not report it as never retrieved."""
     if not fut.cancelled():
         fut.exception()
+
+
+def reset_connection(transport: asyncio.WriteTransport) -> None:
+    """End a TCP connection with a reset (RST), now: the peer must not take what it got as complete.
+
+    ``abort()`` alone drops what is still to send, but the kernel then sends a FIN, which a reader takes for a
+    clean end (an HTTP/1.0 body delimited by the close, a relayed stream); SO_LINGER 0 makes the close an RST.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 async def stop_process(process: asyncio.subprocess.Process, sig: int, grace: float) -> int:

@@ -21,6 +21,9 @@ the accounts:
   request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
   connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
   that byte; a connection that misses a deadline is closed (``408`` for a started head);
+- an idle keep-alive connection (at ``idle_timeout``, or by :meth:`ConnectionGuard.drain`) is closed only when
+  nothing of a next request has arrived (raven/transport/quiet.py); else that request is served (while
+  draining, with ``Connection: close``) rather than reset;
 - TLS listeners get ``head_timeout`` as the TLS handshake deadline too;
 - a close waits for what is still buffered to be sent, and a client that reads nothing (its window stays
   zero) would keep a closed connection, its slot and its descriptor for ever: at every expiry of the timer a
@@ -34,14 +37,13 @@ write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.requ
 
 The guard's counts (unauthenticated and authenticated connections per client, the over-capacity ones, the
 drain) and the per-connection protocol that moves a connection between them are one state kept in step, so
-they live together here; the read buffer all guarded connections share is its own small class.
+they live together here; the read buffer all guarded connections share is raven/transport/readbuffer.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
@@ -50,6 +52,8 @@ from aiohttp import web
 
 from raven.lograte import RateLimitedLog
 from raven.transport.eviction import Eviction
+from raven.transport.quiet import parked, unread_bytes
+from raven.transport.readbuffer import READ_BUFFER, read_buffer
 
 __all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler"]
 
@@ -94,26 +98,7 @@ def _canned(status: str, reason: str) -> bytes:
 _IDLE, _HEAD, _BUSY = 0, 1, 2
 
 GROWTH_STEP = 256  # authenticated connections: ConnectionGuard.on_grown is called at most every this many
-
-READ_BUFFER = 124 * 1024  # under the services' 128 KiB mmap threshold: the copy of a full read stays on the heap
-
-
-class _ReadBuffer(threading.local):
-    """One read buffer per thread (each event loop runs in one), shared by all its guarded connections.
-
-    The event loop fills it and calls ``buffer_updated`` at once, which copies the bytes out before anything
-    else can run on that loop, so one buffer serves every connection. Taking TLS connections' bytes this way
-    matters: given a plain protocol, uvloop's TLS layer allocates a fresh 256 KiB block for every TLS record it
-    decrypts (one mmap, mremap and munmap each, with their page faults and TLB flushes, under the mmap
-    threshold the services set) and then joins the records, another copy; this way it decrypts straight into
-    this buffer.
-    """
-
-    def __init__(self) -> None:
-        self.view = memoryview(bytearray(READ_BUFFER))
-
-
-_read_buffer = _ReadBuffer()
+_RECHECK = 0.02  # seconds: an idle connection whose next request has begun to arrive is looked at again
 
 
 class _GuardedProtocol(asyncio.BufferedProtocol):
@@ -124,7 +109,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     """
 
     __slots__ = ("_admitted", "_buffered", "_client", "_drain", "_evicted", "_guard", "_inner", "_over", "_paused",
-                 "_phase", "_preadmitted", "_proven", "_timer", "_transport")
+                 "_phase", "_preadmitted", "_proven", "_settle_by", "_timer", "_transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
                  over: bool = False) -> None:
@@ -142,6 +127,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._over = over  # admitted beyond max_connections: its first request is refused
         self._drain: list[asyncio.Future[None]] = []
         self._buffered = 0  # bytes still to send at the last expiry (0: none): the client's progress since
+        self._settle_by = 0.0  # idle, its next request arriving: closed anyway at this loop time (0: not set)
         self._evicted = False  # closed to make room for another: released from the counts then
 
     @property
@@ -173,15 +159,16 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             return
         if self._phase == _IDLE:  # the first byte of the next request: its head has a deadline now
             self._phase = _HEAD
+            self._settle_by = 0.0
             self._arm(self._guard.limits.head_timeout)
             self._waiting(head=True)
         self._inner.data_received(data)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _read_buffer.view
+        return read_buffer.view
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(_read_buffer.view[:nbytes].tobytes())
+        self.data_received(read_buffer.view[:nbytes].tobytes())
 
     def eof_received(self) -> bool | None:
         if not self._admitted:
@@ -238,6 +225,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     def busy(self) -> None:
         self._phase = _BUSY
         self._buffered = 0
+        self._settle_by = 0.0
         if self._guard._eviction is not None and not self._evicted:
             self._guard._eviction.busy(self)
         if self._timer is not None:
@@ -285,7 +273,23 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             transport.close()
             self._arm(head_timeout)  # the 408 may not go out: a client that reads nothing is reset then
         elif self._phase == _IDLE:
-            transport.close()  # keep-alive over: an ordinary close, not an error
+            self.end_keepalive()  # keep-alive over: an ordinary close, not an error
+
+    def end_keepalive(self) -> bool:
+        """Close this idle connection if quiet (raven/transport/quiet.py), else look again in a moment (its bytes
+        move it to its head's deadline, aiohttp's request to :meth:`busy`; closed anyway after a head's time)."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        if unread_bytes(transport) or not parked(self._inner):
+            now = asyncio.get_running_loop().time()
+            if not self._settle_by:
+                self._settle_by = now + self._guard.limits.head_timeout
+            if now < self._settle_by:
+                self._arm(_RECHECK)
+                return False
+        transport.close()
+        return True
 
 
 class ConnectionGuard:
@@ -412,19 +416,17 @@ class ConnectionGuard:
                     fut.set_result(None)
 
     def drain(self) -> int:
-        """Close every keep-alive connection that waits for its next request; returns how many.
+        """Close every keep-alive connection that waits for its next request, quiet; returns how many closed.
 
-        A connection in the middle of a request (its head arriving, or being answered) is left alone: the
-        caller answers it with ``Connection: close``. Closing an idle keep-alive connection loses nothing: a
-        client that sent a request on it at that moment gets no byte of an answer, and HTTP clients (Go's, so
-        Prometheus's) send an idempotent request again on a new connection then.
+        A connection in the middle of a request is left alone, and so is an idle one whose next request has
+        begun to arrive (:meth:`_GuardedProtocol.end_keepalive`): the caller answers with ``Connection: close``.
         """
         self.draining = True
-        idle = [conn for conn in self._conns.values() if conn._phase == _IDLE]
-        for conn in idle:
-            if conn._transport is not None and not conn._transport.is_closing():
-                conn._transport.close()
-        return len(idle)
+        closed = 0
+        for conn in list(self._conns.values()):
+            if conn._phase == _IDLE:
+                closed += conn.end_keepalive()
+        return closed
 
     async def wait_empty(self) -> None:
         """Return once the listener holds no connection (the caller bounds the wait)."""

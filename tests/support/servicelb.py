@@ -10,8 +10,11 @@ What it does is what kube-proxy does for a ClusterIP Service, at the level a tes
 - a backend is ready while ``GET http://backend:probe-port/readyz`` answers 200, probed every ``--period``
   seconds (a readiness probe with failureThreshold 1; the endpoint controller's delay is not modelled);
 - a connection, once made, stays with its backend whatever becomes of the backend's readiness (conntrack);
-- a backend that refuses the connection is not replaced by another one: the client's connection closes, as a
-  SYN DNATed to a closed port gets a reset.
+- a backend that refuses the connection is not replaced by another one: the client's connection is reset, as a
+  SYN DNATed to a closed port gets a reset (and with no endpoint ready, kube-proxy rejects the SYN);
+- what a peer ends its connection with reaches the other peer (the NAT passes every segment on): a FIN as a
+  FIN (a half close), a reset as a reset (tests.support.tcplb.pipe), so that a client whose backend reset
+  sees it at once instead of waiting for its timeout.
 
 ``--status HOST:PORT`` serves ``GET /endpoints``: ``{"10.200.0.11": true, ...}``, the Service's endpoints as
 ``kubectl get endpoints`` would list them (ready or not), for tests to wait on. The process stops on SIGTERM.
@@ -30,6 +33,7 @@ import sys
 import aiohttp
 from aiohttp import web
 
+from raven.aio import reset_connection
 from tests.support.tcplb import pipe
 
 
@@ -84,6 +88,7 @@ class ServiceBalancer:
             ready = [b for b in self.backends if self.ready[b]]
             if not ready:
                 self.refused += 1
+                reset_connection(writer.transport)
                 return
             backend = self._rng.choice(ready)
             try:
@@ -91,6 +96,7 @@ class ServiceBalancer:
                     up_reader, up_writer = await asyncio.open_connection(backend, port)
             except (OSError, TimeoutError):
                 self.refused += 1
+                reset_connection(writer.transport)
                 return
             self.connections[backend] += 1
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))

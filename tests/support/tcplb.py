@@ -1,10 +1,15 @@
-"""A small round-robin TCP load balancer, standing in for a Kubernetes Service in front of replicas."""
+"""A small round-robin TCP load balancer, standing in for a Kubernetes Service in front of replicas.
+
+Its copy loop (:func:`pipe`) passes on what kube-proxy's NAT passes on: FIN for FIN, RST for RST.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+
+from raven.aio import reset_connection
 
 
 class TcpBalancer:
@@ -55,10 +60,25 @@ class TcpBalancer:
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy one direction; a half close passes on (a FIN for a FIN), a reset ends the copy."""
-    with contextlib.suppress(OSError):
-        while data := await reader.read(65536):
+    """Copy one direction as kube-proxy's NAT does: a half close passes on (a FIN for a FIN), and so does a
+    reset (an RST for an RST), so that the other peer sees at once that the connection broke.
+
+    A write that fails (the receiving peer went away) ends the copy; the other direction's read sees that
+    peer's end and passes it on.
+    """
+    while True:
+        try:
+            data = await reader.read(65536)
+        except OSError:  # the sending peer reset the connection (or it broke): so does the receiving one's
+            reset_connection(writer.transport)
+            return
+        if not data:
+            break
+        try:
             writer.write(data)
             await writer.drain()
-        if writer.can_write_eof():
+        except OSError:
+            return
+    if writer.can_write_eof() and not writer.transport.is_closing():
+        with contextlib.suppress(OSError):
             writer.write_eof()
