@@ -11,7 +11,7 @@ What a gateway or its DNS says is bounded by the agent's own settings: it keeps 
 links, whatever a WELCOME claims or however many addresses the name has (a claim beyond it is logged about once,
 and shown as ``raven_agent_gateway_replicas_reported`` beside ``raven_agent_gateway_links``); all links together
 dial at most ``dial_burst`` at once and ``dial_rate`` a second after that (a token bucket); and what a dial's
-failure logs is rate-limited per link and kind.
+failure logs is rate-limited per gateway address and kind.
 """
 
 from __future__ import annotations
