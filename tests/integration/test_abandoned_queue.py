@@ -3,8 +3,9 @@
 A node that counts the connections it accepts holds every request until the test lets it answer (with
 ``Connection: close``, so no connection is reused and every dial shows). Clients fill the node's slots, more wait
 in the agent's fair queue, the waiting ones leave: the node must accept no more connections than the slots
-that were in use. Once through a real gateway and agent (clients leave by closing their sockets), and once with
-the agent's forwarder driven in process, where a RESET arrives in the same message as its OPEN.
+that were in use. Through a real gateway and agent (clients leave by closing their sockets: the waiting ones, or
+every one at once, when the RESETs reach the agent over several messages), and with the agent's forwarder driven
+in process (a RESET in the same message as its OPEN; RESETs of one burst in two messages 30 ms apart).
 """
 
 from __future__ import annotations
