@@ -63,7 +63,7 @@ class Dialler:
         self._held = held  # how many distinct replicas the agent holds a session to
         self._log = rate_log or RateLimitedLog(log)
         self.replicas_expected = 1  # what the latest WELCOME says, held to gateway.max_replicas
-        self._replicas_claimed = 1  # what it says
+        self.replicas_claimed = 1  # what it says
         self._dials = TokenBucket(gateway.dial_rate, gateway.dial_burst, time.monotonic())
         self._links: dict[str, asyncio.Task[None]] = {}
         self._links_changed = asyncio.Event()
@@ -81,10 +81,10 @@ class Dialler:
         """A WELCOME said how many replicas the gateway has: dial more links (or fewer) behind one address, never
         more than the agent's own ``max_replicas``."""
         self.metrics.replicas_reported.set(replicas)
-        if replicas != self._replicas_claimed:
+        if replicas != self.replicas_claimed:
             self._log.info("gateway", "replicas", "gateway reports %d replica(s) (was %d)", replicas,
-                           self._replicas_claimed)
-            self._replicas_claimed = replicas
+                           self.replicas_claimed)
+            self.replicas_claimed = replicas
         cap = self.gateway.max_replicas
         if replicas > cap:
             self._log.warning("gateway", "replicas-capped", "gateway claims %d replicas, more than this agent's "

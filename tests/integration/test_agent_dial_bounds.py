@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -131,6 +132,10 @@ async def test_a_gateway_claiming_200_replicas_gets_few_dials_and_log_lines(same
     reported = await metric_values(w.agent.metrics_port, "raven_agent_gateway_replicas_reported")
     links = await metric_values(w.agent.metrics_port, "raven_agent_gateway_links")
     assert list(reported.values()) == [CLAIMED] and list(links.values()) == [CAP], (reported, links)
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{w.agent.metrics_port}/readyz") as resp:
+        why = await resp.text()
+    assert resp.status == 503, why  # one replica is all it holds: not ready, and it says why
+    assert f"sessions to 1 of {CAP} gateway replica(s) (the gateway claims {CLAIMED}" in why, why
 
 
 async def test_a_gateway_that_is_a_new_replica_each_time_gets_at_most_max_replicas(new_replicas: Watched) -> None:
