@@ -6,6 +6,12 @@ reconnects spread out when a gateway comes back), after a dial that reached nobo
 and without growing backoff. The dialler re-resolves the gateway's name (agent/targets.py) to follow
 scale-up and scale-down: a target that leaves DNS keeps its live session and is not redialled after it; and
 it dials one address until it holds sessions to as many replicas as the gateway's WELCOME says exist.
+
+What a gateway or its DNS says is bounded by the agent's own settings: it keeps at most ``gateway.max_replicas``
+links, whatever a WELCOME claims or however many addresses the name has (a claim beyond it is logged about once,
+and shown as ``raven_agent_gateway_replicas_reported`` beside ``raven_agent_gateway_links``); all links together
+dial at most ``dial_burst`` at once and ``dial_rate`` a second after that (a token bucket); and what a dial's
+failure logs is rate-limited per gateway address and kind.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import errno
 import logging
 import random
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
@@ -25,6 +32,7 @@ from raven.config.agent import AgentGateway
 from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
+from raven.protocol.flow import TokenBucket
 from raven.protocol.handshake import HandshakeRefused
 
 __all__ = ["Connect", "Dialler", "DuplicateReplica", "full_jitter", "unreachable"]
@@ -54,7 +62,9 @@ class Dialler:
         self.metrics = metrics
         self._held = held  # how many distinct replicas the agent holds a session to
         self._log = rate_log or RateLimitedLog(log)
-        self.replicas_expected = 1
+        self.replicas_expected = 1  # what the latest WELCOME says, held to gateway.max_replicas
+        self.replicas_claimed = 1  # what it says
+        self._dials = TokenBucket(gateway.dial_rate, gateway.dial_burst, time.monotonic())
         self._links: dict[str, asyncio.Task[None]] = {}
         self._links_changed = asyncio.Event()
         self._live_links: set[str] = set()  # links that hold a session now
@@ -68,9 +78,20 @@ class Dialler:
         return max(len(self._links), self.replicas_expected)
 
     def replicas_reported(self, replicas: int) -> None:
-        """A WELCOME said how many replicas the gateway has: dial more links (or fewer) behind one address."""
+        """A WELCOME said how many replicas the gateway has: dial more links (or fewer) behind one address, never
+        more than the agent's own ``max_replicas``."""
+        self.metrics.replicas_reported.set(replicas)
+        if replicas != self.replicas_claimed:
+            self._log.info("gateway", "replicas", "gateway reports %d replica(s) (was %d)", replicas,
+                           self.replicas_claimed)
+            self.replicas_claimed = replicas
+        cap = self.gateway.max_replicas
+        if replicas > cap:
+            self._log.warning("gateway", "replicas-capped", "gateway claims %d replicas, more than this agent's "
+                              "gateway.max_replicas (%d): holding at most %d links (raise max_replicas if the "
+                              "gateway really has that many)", replicas, cap, cap)
+        replicas = min(replicas, cap)
         if replicas != self.replicas_expected:
-            log.info("gateway reports %d replica(s) (was %d)", replicas, self.replicas_expected)
             self.replicas_expected = replicas
             self._links_changed.set()
 
@@ -87,21 +108,38 @@ class Dialler:
         """Dial no more: every link returns once its session ends, and :meth:`run` returns."""
         self._stopping.set()
 
+    async def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds, or less when the dialler stops."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._stopping.wait()
+
+    async def _dial_turn(self, key: str) -> None:
+        """Wait for this dial's turn: all links together dial at most dial_burst at once, then dial_rate a second."""
+        wait = self._dials.reserve(time.monotonic())
+        if wait > 0:
+            self._log.info("dials", "dial-rate", "dials to the gateway are held to %.1f a second "
+                           "(gateway.dial_rate): %s waits %.1fs", self.gateway.dial_rate, key, wait)
+            await self._pause(wait)
+
     async def _link(self, http: aiohttp.ClientSession, target: DialTarget, key: str) -> None:
         """Hold one session through ``target``, redialling with backoff and full jitter."""
         attempt = 0
         gw = self.gateway
         while not self._stopping.is_set():
+            await self._dial_turn(key)
+            if self._stopping.is_set():
+                break
             cut = False
             try:
                 if await self._connect(http, target, key):
                     attempt = 0
             except DuplicateReplica as exc:
                 self.metrics.connects.labels("duplicate").inc()
-                log.info("%s; dialling again", exc)
+                self._log.info(target.key, "duplicate", "%s; dialling again", exc)
             except HandshakeRefused as exc:
                 self.metrics.connects.labels("refused").inc()
-                log.error("%s", exc)
+                self._log.log(logging.ERROR, target.key, "refused", "%s", exc)
             except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
                 cut = unreachable(exc)
                 if cut:  # every unreachable_retry for as long as the uplink is out: once a minute in the log
@@ -110,13 +148,14 @@ class Dialler:
                                   target.url, _describe(exc))
                 else:
                     self.metrics.connects.labels("failed").inc()
-                    log.warning("cannot reach gateway %s: %s", target.url, _describe(exc))
+                    self._log.warning(target.key, "failed", "cannot reach gateway %s: %s", target.url, _describe(exc))
             if self._stopping.is_set():
                 break
             if key in self._retiring:  # its address left DNS while the session lived: do not redial
                 self._retiring.discard(key)
                 if self._links.get(key) is asyncio.current_task():
                     del self._links[key]
+                    self.metrics.links.set(len(self._links))
                 log.info("gateway target %s retired", key)
                 return
             if cut:
@@ -127,10 +166,9 @@ class Dialler:
             else:
                 delay = full_jitter(attempt, gw.backoff_initial, gw.backoff_max, self._rng)
                 attempt += 1
-                log.info("reconnecting to %s in %.2fs (attempt %d)", target.key, delay, attempt)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stopping.wait()
+                self._log.info(target.key, "reconnect", "reconnecting to %s in %.2fs (attempt %d)", target.key, delay,
+                               attempt)
+            await self._pause(delay)
 
     async def _resolve_unless_stopping(self) -> Resolution | None:
         """Resolve the gateway's name; a drain does not wait for a slow DNS server (None then)."""
@@ -149,8 +187,16 @@ class Dialler:
         return lookup.result()
 
     def _desired(self, res: Resolution) -> dict[str, DialTarget]:
+        """The links to keep: one per address (at most max_replicas: those already kept first), or as many as the
+        gateway reports replicas behind one address."""
         if res.per_address:
-            return {t.key: t for t in res.targets}
+            cap = self.gateway.max_replicas
+            targets = sorted(res.targets, key=lambda t: t.key not in self._links)[:cap]
+            if len(res.targets) > cap:
+                self._log.warning("gateway", "addresses-capped", "the gateway's name resolves to %d addresses, more "
+                                  "than this agent's gateway.max_replicas (%d): dialling %d of them",
+                                  len(res.targets), cap, cap)
+            return {t.key: t for t in targets}
         target = res.targets[0]
         return {f"{target.key}#{i}": target for i in range(1, max(1, self.replicas_expected) + 1)}
 
@@ -167,8 +213,8 @@ class Dialler:
                     try:
                         res = await self._resolve_unless_stopping() or res
                     except OSError as exc:
-                        log.warning("cannot resolve the gateway: %s%s", exc,
-                                    " (keeping the current links)" if res else "")
+                        self._log.warning("gateway", "resolve", "cannot resolve the gateway: %s%s", exc,
+                                          " (keeping the current links)" if res else "")
                     if res is not None:
                         self._apply(http, self._desired(res))
                     self._links_changed.clear()
@@ -192,6 +238,7 @@ class Dialler:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self._links.clear()
+                self.metrics.links.set(0)
 
     def _apply(self, http: aiohttp.ClientSession, desired: dict[str, DialTarget]) -> None:
         for key in list(self._links):
@@ -211,6 +258,7 @@ class Dialler:
             if task is None or task.done():
                 log.info("dialling gateway target %s (%s)", key, target.url)
                 self._links[key] = asyncio.get_running_loop().create_task(self._link(http, target, key), name=key)
+        self.metrics.links.set(len(self._links))
 
 
 _UNREACHABLE_ERRNOS = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.ETIMEDOUT})

@@ -8,6 +8,15 @@ reset, its deadline passed) leaves the queue. A waiter may also say how to tell 
 (``gone``: its stream was reset, its client left): such a waiter is never handed a slot, even when the news
 arrived in the same loop turn as the free slot and its task has not run yet; it is dropped from the queue and
 told so (:class:`Abandoned`), and the slot goes to the next waiter in turn. Pure asyncio futures, no polling.
+
+Clients that leave at once (a Prometheus restarting, a network cut at the gateway) reach the agent as RESETs
+spread over several messages, tens of milliseconds apart: the gateway notices each departure in its own turn. A
+slot freed by an early RESET must not go to a queued request whose own RESET is still on its way. So while
+requests leave (:meth:`FairSlots.settle`: the forwarder calls it on every RESET from the gateway for a request
+of this node), free slots are held back until none has left for ``SETTLE_QUIET`` seconds, at most
+``SETTLE_MAX`` after the first: then the queue is looked at, and the requests whose clients left in the same
+burst are dropped, never dialled. A slot freed by a request that ended normally is handed on at once, as
+before, unless a burst of departures is being settled.
 """
 
 from __future__ import annotations
@@ -40,6 +49,9 @@ class _Waiter:
 
 
 class FairSlots:
+    SETTLE_QUIET = 0.1  # seconds without a departure before slots freed by departures are handed on
+    SETTLE_MAX = 0.5  # seconds: a steady stream of departures holds the queue no longer than this
+
     def __init__(self, limit: int, per_key: int, max_waiting: int) -> None:
         self.limit = limit
         self.per_key = max(1, min(per_key, limit))
@@ -48,6 +60,8 @@ class FairSlots:
         self.held: KeyedCounter[str] = KeyedCounter()  # slots taken per client key
         self.waiting = 0
         self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        self._settle_timer: asyncio.TimerHandle | None = None  # pending while a burst of departures settles
+        self._settle_start = 0.0
 
     @property
     def idle(self) -> bool:
@@ -60,9 +74,16 @@ class FairSlots:
         self.active += 1
         self.held.add(key)
 
+    @property
+    def settling(self) -> bool:
+        """Requests are leaving: free slots wait (see :meth:`settle`)."""
+        return self._settle_timer is not None
+
     def try_acquire(self, key: str) -> bool:
         """Take a slot for ``key`` if one is free for it now, without waiting; say whether it did."""
-        if self._may_take(key) and key not in self._queues:
+        if self._queues and (key in self._queues or self._settle_timer is not None):
+            return False  # behind its own queue, or behind a queue that waits for departures to settle
+        if self._may_take(key):
             self._take(key)
             return True
         return False
@@ -128,8 +149,36 @@ class FairSlots:
         self.held.remove(key)
         self._grant()
 
+    def settle(self) -> None:
+        """A request of this node left (the gateway reset its stream: its client is gone), and others may be leaving
+        with it: hold free slots back until none has left for ``SETTLE_QUIET``, at most ``SETTLE_MAX`` after the
+        first, so that a queued request whose RESET is still on its way is dropped, not dialled. Nothing to hold
+        back while nobody waits."""
+        if not self._queues:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._settle_timer is None:
+            self._settle_start = now
+        else:
+            self._settle_timer.cancel()
+        when = min(now + self.SETTLE_QUIET, self._settle_start + self.SETTLE_MAX)
+        self._settle_timer = loop.call_at(when, self._settled)
+
+    def _settled(self) -> None:
+        self._settle_timer = None
+        self._grant()
+
+    def close(self) -> None:
+        """Forget a pending settle (the node's slots are dropped)."""
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
+
     def _grant(self) -> None:
         """Hand free slots to waiting clients in turn: the first client in line that is under its share."""
+        if self._settle_timer is not None:
+            return  # departures are settling: the queue is looked at once they have
         while self.active < self.limit and self._queues:
             for key in self._queues:
                 if self.held.count(key) < self.per_key:

@@ -142,10 +142,16 @@ class Forwarder:
         stream.on_finished(lambda s: self._cancel_on_reset(s, task))
         task.add_done_callback(self._done)
 
-    @staticmethod
-    def _cancel_on_reset(stream: Stream, task: asyncio.Task[None]) -> None:
-        if stream.reset_error is not None and not task.done():
-            task.cancel()
+    def _cancel_on_reset(self, stream: Stream, task: asyncio.Task[None]) -> None:
+        err = stream.reset_error
+        if err is None or task.done():
+            return
+        if err.remote:
+            # Its client left: others of the node's queue may be leaving with it, their RESETs still on the way.
+            slots = self._slots.get(stream.open.node)
+            if slots is not None:
+                slots.settle()
+        task.cancel()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -204,6 +210,7 @@ class Forwarder:
         finally:
             stream.close()
             if slots.idle and self._slots.get(node) is slots:
+                slots.close()
                 del self._slots[node]
 
     def _gone(self, stream: Stream) -> None:

@@ -164,7 +164,9 @@ class Agent:
             return False, "no session to any gateway"
         wanted = self.dialler.wanted
         if len(self.sessions) < wanted:
-            return False, f"sessions to {len(self.sessions)} of {wanted} gateway replica(s)"
+            claimed = self.dialler.replicas_claimed
+            over = f" (the gateway claims {claimed}; gateway.max_replicas)" if claimed > wanted else ""
+            return False, f"sessions to {len(self.sessions)} of {wanted} gateway replica(s){over}"
         return True, f"{len(self.sessions)} session(s) up"
 
     def set_kube_nodes(self, nodes: dict[str, KubeNode]) -> None:

@@ -62,6 +62,21 @@ class AgentGateway(Model):
         "one comes within this (jittered), however long the outage: a returning uplink is found within seconds, "
         "and dials that reach nobody cost the gateway nothing (docs/uplinks.md)",
     )
+    max_replicas: int = Field(
+        16, ge=1, le=1024,
+        description="the most links (sessions to gateway replicas) this agent holds, whatever a gateway's WELCOME "
+        "claims and however many addresses its name resolves to: a gateway that claims more is told about once "
+        "(log line, raven_agent_gateway_replicas_reported) and the agent holds this many",
+    )
+    dial_rate: float = Field(
+        2.0, gt=0, le=1000, allow_inf_nan=False,
+        description="dials to the gateway a second, all links together, once dial_burst is spent (a lying or "
+        "broken gateway cannot make the agent dial in a loop)",
+    )
+    dial_burst: int = Field(
+        8, ge=1, le=1024,
+        description="dials at once before dial_rate applies: a start or a reconnect to a few replicas is not slowed",
+    )
     resolver: HostPort | None = Field(
         None, description="DNS server (IP:PORT) for the gateway's name; default: the system's resolv.conf"
     )

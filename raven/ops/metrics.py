@@ -103,6 +103,12 @@ class AgentMetrics:
         self.build_info = build_info(r)
         self.sessions = Gauge("raven_agent_sessions", "Sessions up to gateway replicas", registry=r)
         self.connects = Counter("raven_agent_connect_attempts", "Dial attempts by result", ["result"], registry=r)
+        self.replicas_reported = Gauge(
+            "raven_agent_gateway_replicas_reported", "Gateway replicas the latest WELCOME says exist (the agent "
+            "holds at most gateway.max_replicas links)", registry=r,
+        )
+        self.links = Gauge("raven_agent_gateway_links", "Links to the gateway the agent keeps (one session each, "
+                           "at most gateway.max_replicas)", registry=r)
         self.streams = Gauge("raven_agent_streams_in_flight", "Streams being forwarded", registry=r)
         # No per-node series: the agent serves one pool, so its own series are per pool already (the scrape job
         # adds `pool`), and their number does not grow with the nodes. Per node, Prometheus records `up` and

@@ -1,4 +1,4 @@
-"""Per-stream credit flow control, as pure bookkeeping (no I/O, no clock).
+"""Per-stream credit flow control, and rate allowances, as pure bookkeeping (no I/O; a clock only passed in).
 
 The receiver of a stream grants the sender ``window`` bytes up front. The sender may
 send DATA only while it holds credit; the receiver returns credit with WINDOW frames
@@ -65,9 +65,8 @@ class RecvWindow:
         return 0
 
 
-class VoidAllowance:
-    """Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
-    the sender nothing: a peer may send ``rate`` per second after a ``burst``, then the session ends."""
+class TokenBucket:
+    """``rate`` events a second after a ``burst``, with the clock passed in (``now``, seconds)."""
 
     __slots__ = ("at", "burst", "rate", "tokens")
 
@@ -77,11 +76,35 @@ class VoidAllowance:
         self.tokens = burst
         self.at = now
 
+    def _refill(self, now: float) -> float:
+        tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
+        self.at = max(self.at, now)
+        return tokens
+
+    def take(self, now: float) -> bool:
+        """Spend one token if there is one; say whether there was."""
+        tokens = self._refill(now)
+        if tokens < 1.0:
+            self.tokens = tokens
+            return False
+        self.tokens = tokens - 1.0
+        return True
+
+    def reserve(self, now: float) -> float:
+        """Spend one token, borrowing it when there is none: how long to wait before the event (0: at once).
+        Reservations queue in order: the n-th borrowed token waits n / ``rate``."""
+        self.tokens = self._refill(now) - 1.0
+        return 0.0 if self.tokens >= 0.0 else -self.tokens / self.rate
+
+
+class VoidAllowance(TokenBucket):
+    """Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
+    the sender nothing: a peer may send ``rate`` per second after a ``burst``, then the session ends."""
+
+    __slots__ = ()
+
     def spend(self, now: float) -> None:
         """Count one such frame; past the allowance, raise a session error (:class:`ProtocolError` on stream 0)."""
-        tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if tokens < 1.0:
+        if not self.take(now):
             raise ProtocolError(f"more than {self.rate:.0f} frames per second that do nothing (empty DATA, frames "
                                 "for streams that ended or never were)")
-        self.tokens = tokens - 1.0

@@ -3,8 +3,9 @@
 A node that counts the connections it accepts holds every request until the test lets it answer (with
 ``Connection: close``, so no connection is reused and every dial shows). Clients fill the node's slots, more wait
 in the agent's fair queue, the waiting ones leave: the node must accept no more connections than the slots
-that were in use. Once through a real gateway and agent (clients leave by closing their sockets), and once with
-the agent's forwarder driven in process, where a RESET arrives in the same message as its OPEN.
+that were in use. Through a real gateway and agent (clients leave by closing their sockets: the waiting ones, or
+every one at once, when the RESETs reach the agent over several messages), and with the agent's forwarder driven
+in process (a RESET in the same message as its OPEN; RESETs of one burst in two messages 30 ms apart).
 """
 
 from __future__ import annotations
@@ -153,6 +154,65 @@ async def test_clients_that_leave_the_queue_cost_the_node_no_connection(
         await cluster.close()
 
 
+EVERYONE_SLOTS = 16  # the agent's default upstream connections per node
+EVERYONE_QUEUED = 48  # the agent's queue holds 4 per slot; with the slots, the gateway's max_streams_per_node
+
+
+async def test_clients_that_all_leave_at_once_cost_the_node_no_dial(
+    tmp_path: Path, node: tuple[CountingNode, str, int]
+) -> None:
+    """Every client leaves at once, those holding the node's slots and those queued behind them: their RESETs reach
+    the agent over several messages, and a slot freed by an early one must not go to a queued request whose own
+    RESET is still on its way (found by issue 29, item 7: 10 of 58 such requests were dialled)."""
+    counting, host, port = node
+    cluster = LocalCluster(
+        tmp_path, [PoolSpec("pool-q", [SimNode("edge-q-1", host, port)], agents=1)], allowed_ports=[port],
+        agent_settings={"upstream_connections_per_node": EVERYONE_SLOTS, "upstream_client_share": 1.0},
+        gateway_settings={"front": {"client_share": 1.0}},
+    )
+    clients: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        await cluster.start()
+        agent = next(iter(cluster.agents.values()))
+
+        async def agent_streams() -> float:
+            return sum((await metric_values(agent.metrics_port, "raven_agent_streams_in_flight")).values())
+
+        for _ in range(EVERYONE_SLOTS):
+            clients.append(await _send(cluster.front_url, port, "edge-q-1"))
+        await eventually(lambda: counting.requests == EVERYONE_SLOTS, timeout=15, what="the node's slots in use")
+        for _ in range(EVERYONE_QUEUED):
+            clients.append(await _send(cluster.front_url, port, "edge-q-1"))
+
+        async def queued() -> bool:
+            return await agent_streams() == EVERYONE_SLOTS + EVERYONE_QUEUED
+
+        await eventually(queued, timeout=15, what="requests waiting in the agent's queue")
+        for _, writer in clients:
+            writer.transport.abort()  # every client leaves, in one turn of this loop
+
+        async def idle() -> bool:
+            return await agent_streams() == 0
+
+        await eventually(idle, timeout=15, what="every request gone from the agent")
+        dialled = counting.accepted - EVERYONE_SLOTS
+        assert dialled == 0, f"{dialled} of {EVERYONE_QUEUED} abandoned requests were dialled"
+        requests = await metric_values(agent.metrics_port, "raven_agent_requests_total")
+        assert requests.get((("code", "abandoned"), ("kind", "http"))) == EVERYONE_QUEUED, requests
+
+        # A normal scrape still gets its slot and its answer.
+        counting.answer.set()
+        reader, writer = await _send(cluster.front_url, port, "edge-q-1")
+        clients.append((reader, writer))
+        async with asyncio.timeout(15):
+            answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    finally:
+        for _, writer in clients:
+            writer.transport.abort()
+        await cluster.close()
+
+
 def _policy(port: int) -> Policy:
     return Policy(frozenset([port]), frozenset(["GET"]), False, 10.0)
 
@@ -192,6 +252,50 @@ async def test_a_stream_reset_before_it_is_served_is_never_dialled(node: tuple[C
         assert counting.accepted == 1
         assert abandoned() == 4
         assert forwarder._slots == {}  # no slot held, nobody waiting: the node's queue is gone
+    finally:
+        await forwarder.close()
+        for session in (gw, ag):
+            await session.close("test over")
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_resets_spread_over_messages_never_dial_a_queued_request(node: tuple[CountingNode, str, int]) -> None:
+    """The RESETs of clients that left together, in two messages 30 ms apart (the gateway notices each departure in
+    its own turn): the first frees the node's slots, the second says the queued requests are gone too. The freed
+    slots wait for the burst to settle and go to nobody: the node is dialled for no request that was abandoned."""
+    counting, host, port = node
+    metrics = AgentMetrics()
+    forwarder = Forwarder(lambda: {"edge-q-1": host}, _policy(port), metrics, connect_timeout=5,
+                          connections_per_node=2, draining=lambda: False, client_share=1.0)
+    gw, ag, tasks = await pair(forwarder.on_open)
+    try:
+        head = (("host", f"edge-q-1:{port}"),)
+        opened = wire.Open(0, wire.StreamKind.HTTP, "edge-q-1", port, "GET", "/metrics", head, True)
+        held = [gw.open_stream(opened) for _ in range(2)]
+        await eventually(lambda: counting.requests == 2, timeout=5, what="the slots in use")
+        waiting = [gw.open_stream(opened) for _ in range(4)]
+        await eventually(lambda: len(forwarder.tasks) == 6, timeout=5, what="streams queued")
+        messages = len(gw.sink.sent)  # type: ignore[attr-defined]
+        for stream in held:
+            stream.reset(wire.ResetCode.CANCEL, "the client left")
+        await asyncio.sleep(0.03)
+        for stream in waiting:
+            stream.reset(wire.ResetCode.CANCEL, "the client left")
+        await eventually(lambda: not forwarder.tasks, timeout=5, what="every stream ended")
+        sent = gw.sink.sent[messages:]  # type: ignore[attr-defined]
+        assert [len(frames([m])) for m in sent] == [2, 4], "the RESETs were not in two messages"
+        assert counting.accepted == 2, f"{counting.accepted - 2} abandoned requests dialled"
+        labels = {"kind": "http", "code": "abandoned"}
+        assert metrics.registry.get_sample_value("raven_agent_requests_total", labels) == 4
+
+        # A live request still gets a slot and its answer.
+        counting.answer.set()
+        live = gw.open_stream(opened)
+        async with asyncio.timeout(5):
+            answer = await live.head()
+        assert answer.status == 200
+        async with asyncio.timeout(5):
+            assert bytes(await live.read()) == b"ok\n"
     finally:
         await forwarder.close()
         for session in (gw, ag):

@@ -22,6 +22,7 @@ from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire
 from raven.transport.tls import server_context
 from tests.support.cluster import HOSTS, pick_node_port
+from tests.support.fakegateway import serve_agent
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually
 
@@ -42,23 +43,12 @@ class FakeGateway:
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=1 << 20)
         await ws.prepare(request)
-        hello = wire.decode(await ws.receive_bytes(timeout=10))
-        assert isinstance(hello, wire.Hello)
-        # Version 1 (one frame per message) keeps this hand-written gateway simple; the agent speaks both.
-        await ws.send_bytes(wire.encode(wire.Welcome(1, "evil-1", 1, 30.0, 120.0)))
-        self.ws = ws
-        self.connected.set()
-        async for msg in ws:
-            if msg.type != web.WSMsgType.BINARY:
-                break
-            frame = wire.decode(msg.data)
-            if isinstance(frame, wire.Register):
-                names = tuple(n.name for n in frame.nodes)
-                await ws.send_bytes(wire.encode(wire.Registered(names, ())))
-            elif isinstance(frame, wire.Ping):
-                await ws.send_bytes(wire.encode(wire.Pong(frame.opaque)))
-            else:
-                await self.frames.put(frame)
+
+        def welcomed() -> None:
+            self.ws = ws
+            self.connected.set()
+
+        await serve_agent(ws, wire.Welcome(1, "evil-1", 1, 30.0, 120.0), self.frames.put, welcomed)
         return ws
 
     async def open(self, frame: wire.Open) -> int:

@@ -91,3 +91,53 @@ async def test_a_cancelled_waiter_leaves_the_counts_exact() -> None:
     assert slots.waiting == 0
     slots.release("a")
     assert slots.idle
+
+
+async def test_slots_freed_while_requests_leave_wait_for_the_burst_to_settle() -> None:
+    """Departures settle before a freed slot is handed on: a waiter whose request leaves within SETTLE_QUIET of the
+    last departure is dropped, not granted; a live waiter gets the slot once the burst is over."""
+    slots = FairSlots(limit=1, per_key=1, max_waiting=4)
+    slots.SETTLE_QUIET, slots.SETTLE_MAX = 0.05, 1.0
+    assert slots.try_acquire("a")
+    gone = {"b": False, "c": False}
+    b = asyncio.ensure_future(slots.acquire("b", gone=lambda: gone["b"]))
+    c = asyncio.ensure_future(slots.acquire("c", gone=lambda: gone["c"]))
+    await asyncio.sleep(0)
+    slots.settle()  # a's client left
+    slots.release("a")
+    assert slots.settling and slots.active == 0 and slots.waiting == 2  # held back, nobody granted
+    assert not slots.try_acquire("d")  # a newcomer does not take the held-back slot past the queue
+    await asyncio.sleep(0.03)
+    gone["b"] = True  # b's RESET arrives 30 ms later
+    slots.settle()
+    await asyncio.sleep(0.03)
+    assert slots.settling  # the quiet period started again with b's departure
+    await c
+    with pytest.raises(Abandoned):
+        await b
+    assert not slots.settling and slots.held == {"c": 1} and slots.waiting == 0
+
+
+async def test_a_steady_stream_of_departures_holds_the_queue_at_most_settle_max() -> None:
+    slots = FairSlots(limit=1, per_key=1, max_waiting=4)
+    slots.SETTLE_QUIET, slots.SETTLE_MAX = 0.05, 0.15
+    assert slots.try_acquire("a")
+    waiter = asyncio.ensure_future(slots.acquire("b"))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    slots.settle()
+    slots.release("a")
+    while not waiter.done():
+        slots.settle()  # departures keep coming, every 20 ms
+        await asyncio.sleep(0.02)
+    assert loop.time() - start < 0.15 + 0.1
+    assert slots.held == {"b": 1}
+
+
+async def test_settle_without_waiters_holds_nothing() -> None:
+    slots = FairSlots(limit=1, per_key=1, max_waiting=4)
+    assert slots.try_acquire("a")
+    slots.settle()
+    slots.release("a")
+    assert not slots.settling and slots.try_acquire("b")
