@@ -1,0 +1,109 @@
+"""Keep a tunnel's backlog in the session, where its scheduler can order it, not in the kernel's send buffer.
+
+Without this, the kernel takes whatever the session writes, up to a send buffer that autotunes to megabytes: a
+download's window queued there is sent before a scrape written after it, seconds later on a slow uplink (issue 29,
+item 9). A :class:`Pacer` sets ``TCP_NOTSENT_LOWAT`` on the tunnel's socket and tells the session's writer how
+many bytes the kernel may still take (:meth:`Pacer.room`); the writer takes that much from the session's outbox
+(raven/protocol/outbox.py decides which) and otherwise waits until the kernel has sent enough
+(:meth:`Pacer.writable`: the socket's writability, which the low mark governs). What waits below the session is
+then about one congestion window: what TCP sends in the next round trip, whatever the link.
+
+The mark follows the connection: one congestion window (``tcpi_snd_cwnd`` x ``tcpi_snd_mss``), kept within
+[``MIN_LOWAT``, ``MAX_LOWAT``]. The wait watches a duplicate of the socket's descriptor (the transport owns the
+original, and asyncio and uvloop refuse a second watcher on it); it is made at the first wait and closed by
+:meth:`Pacer.close`, which the session calls before it closes its transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from typing import Any, Final
+
+TCP_NOTSENT_LOWAT: Final = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+# struct tcp_info (linux/tcp.h): tcpi_snd_mss at 16, tcpi_snd_cwnd at 80, tcpi_notsent_bytes at 144 (Linux 4.6+).
+_INFO_SIZE: Final = 148
+_U32: Final = struct.Struct("=I")
+
+
+class Pacer:
+    """The kernel's share of one tunnel socket's backlog (its unsent bytes), and a wait for room in it."""
+
+    __slots__ = ("_closed", "_fd", "_loop", "_sock", "_waiter", "lowat")
+
+    MIN_LOWAT: Final = 16 * 1024  # below this, a fast link would wait on the event loop between writes
+    MAX_LOWAT: Final = 1 << 20  # bytes: a congestion window beyond this is a fast link, where 1 MiB is brief
+
+    def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._sock = sock
+        self._loop = loop
+        self._fd = -1
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self.lowat = self.MIN_LOWAT
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, self.lowat)
+
+    @classmethod
+    def of(cls, sock: Any, loop: asyncio.AbstractEventLoop) -> Pacer | None:
+        """A pacer for a TCP socket (a transport's ``get_extra_info("socket")``), None for anything else."""
+        if sock is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        try:
+            return cls(sock, loop)
+        except OSError:
+            return None  # not TCP, or the option is missing: unpaced, as before
+
+    def room(self) -> int:
+        """Bytes the kernel may take now without holding more than its low mark unsent (maybe <= 0)."""
+        if self._closed:
+            return 1 << 30
+        try:
+            info = self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_SIZE)
+        except OSError:
+            return 1 << 30  # the socket is gone: the writer's send fails and ends the session
+        if len(info) < _INFO_SIZE:
+            return 1 << 30  # a kernel without tcpi_notsent_bytes: unpaced
+        window = _U32.unpack_from(info, 80)[0] * _U32.unpack_from(info, 16)[0]
+        lowat = min(self.MAX_LOWAT, max(self.MIN_LOWAT, window))
+        if abs(lowat - self.lowat) * 4 > self.lowat:  # a quarter off: follow the window
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, lowat)
+                self.lowat = lowat
+            except OSError:
+                pass
+        return self.lowat - int(_U32.unpack_from(info, 144)[0])
+
+    async def writable(self) -> None:
+        """Until the kernel has sent enough of what it holds (the socket is writable again), or :meth:`close`."""
+        if self._closed:
+            return
+        if self._fd < 0:
+            self._fd = os.dup(self._sock.fileno())
+        fd = self._fd
+        waiter = self._waiter = self._loop.create_future()
+        self._loop.add_writer(fd, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            if self._waiter is waiter:  # close() has not already stopped the watch (and closed the descriptor)
+                self._waiter = None
+                self._loop.remove_writer(fd)
+
+    def close(self) -> None:
+        """Stop watching and close the duplicate descriptor (the transport's socket then closes for real).
+        Idempotent."""
+        self._closed = True
+        waiter, self._waiter = self._waiter, None
+        if self._fd >= 0:
+            if waiter is not None:
+                self._loop.remove_writer(self._fd)
+                _wake(waiter)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
