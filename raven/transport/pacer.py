@@ -6,12 +6,15 @@ item 9). A :class:`Pacer` sets ``TCP_NOTSENT_LOWAT`` on the tunnel's socket and 
 many bytes the kernel may still take (:meth:`Pacer.room`); the writer takes that much from the session's outbox
 (raven/protocol/outbox.py decides which) and otherwise waits until the kernel has sent enough
 (:meth:`Pacer.writable`: the socket's writability, which the low mark governs). What waits below the session is
-then about one congestion window: what TCP sends in the next round trip, whatever the link.
+then ``QUEUE_TIME`` of data at the connection's rate, whatever the link.
 
-The mark follows the connection: one congestion window (``tcpi_snd_cwnd`` x ``tcpi_snd_mss``), kept within
-[``MIN_LOWAT``, ``MAX_LOWAT``]. The wait watches a duplicate of the socket's descriptor (the transport owns the
-original, and asyncio and uvloop refuse a second watcher on it); it is made at the first wait and closed by
-:meth:`Pacer.close`, which the session calls before it closes its transport.
+The mark follows the connection: its delivery rate (``tcpi_delivery_rate``; else a congestion window per round
+trip) times ``QUEUE_TIME``, kept within [``MIN_LOWAT``, ``MAX_LOWAT``]. Not one congestion window: with BBR (or a
+deep bottleneck queue) that is two round trips of data, 300 ms ahead of a scrape on a 150 ms link.
+
+The wait watches a duplicate of the socket's descriptor (the transport owns the original, and asyncio and uvloop
+refuse a second watcher on it); it is made at the first wait and closed by :meth:`Pacer.close`, which the session
+calls before it closes its transport.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import struct
 from typing import Any, Final
 
 TCP_NOTSENT_LOWAT: Final = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
-# struct tcp_info (linux/tcp.h): tcpi_snd_mss at 16, tcpi_snd_cwnd at 80, tcpi_notsent_bytes at 144 (Linux 4.6+).
-_INFO_SIZE: Final = 148
+# struct tcp_info (linux/tcp.h): tcpi_snd_mss at 16, tcpi_rtt (us) at 68, tcpi_snd_cwnd at 80, tcpi_notsent_bytes
+# at 144 (Linux 4.6+), tcpi_delivery_rate (bytes/s) at 160 (4.9+).
+_INFO_SIZE: Final = 168
 _U32: Final = struct.Struct("=I")
+_U64: Final = struct.Struct("=Q")
 
 
 class Pacer:
@@ -33,8 +38,10 @@ class Pacer:
 
     __slots__ = ("_closed", "_fd", "_loop", "_sock", "_waiter", "lowat")
 
-    MIN_LOWAT: Final = 16 * 1024  # below this, a fast link would wait on the event loop between writes
-    MAX_LOWAT: Final = 1 << 20  # bytes: a congestion window beyond this is a fast link, where 1 MiB is brief
+    QUEUE_TIME: Final = 0.02  # seconds of data the kernel may hold unsent: ahead of a scrape, and what covers the
+    # writer's wake-up on a fast link
+    MIN_LOWAT: Final = 16 * 1024  # below this, the writer would wake for every few segments
+    MAX_LOWAT: Final = 1 << 20  # bytes: at a rate where 20 ms is more than this, 1 MiB is brief
 
     def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._sock = sock
@@ -63,10 +70,13 @@ class Pacer:
             info = self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_SIZE)
         except OSError:
             return 1 << 30  # the socket is gone: the writer's send fails and ends the session
-        if len(info) < _INFO_SIZE:
+        if len(info) < 148:
             return 1 << 30  # a kernel without tcpi_notsent_bytes: unpaced
-        window = _U32.unpack_from(info, 80)[0] * _U32.unpack_from(info, 16)[0]
-        lowat = min(self.MAX_LOWAT, max(self.MIN_LOWAT, window))
+        rate = _U64.unpack_from(info, 160)[0] if len(info) >= _INFO_SIZE else 0
+        if not rate:
+            rtt = _U32.unpack_from(info, 68)[0]
+            rate = _U32.unpack_from(info, 80)[0] * _U32.unpack_from(info, 16)[0] * 1_000_000 // rtt if rtt else 0
+        lowat = min(self.MAX_LOWAT, max(self.MIN_LOWAT, int(rate * self.QUEUE_TIME)))
         if abs(lowat - self.lowat) * 4 > self.lowat:  # a quarter off: follow the window
             try:
                 self._sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, lowat)
