@@ -151,6 +151,7 @@ class Outbox:
     def take(self, budget: int | None = None) -> list[bytes]:
         """What leaves now, as WebSocket messages: every control frame, then stream DATA and packets in their
         order of service until ``budget`` bytes (None: everything), then GOAWAY once nothing else waits."""
+        everything = budget is None or budget >= self.pending_bytes  # nothing waits: no turns, no frame split
         out = self._frames
         self._frames = []
         size = sum(len(h) + (len(b) if b is not None else 0) for h, b in out)
@@ -162,7 +163,7 @@ class Outbox:
             if flow is None or flow.entry != turn:
                 continue  # dropped (reset) or entered again since
             flow.entry = -1
-            quantum = min(left, self.QUANTUM if ready else left)
+            quantum = left if everything or not ready else min(left, self.QUANTUM)
             taken = self._serve(flow_id, flow, quantum, out)
             left -= taken
             size += taken

@@ -100,25 +100,32 @@ def test_a_small_stream_opened_behind_a_bulk_backlog_leaves_first() -> None:
 
 def test_the_least_served_stream_goes_first_and_bulk_streams_share() -> None:
     box = Outbox(batched=True)
+    chunk = memoryview(b"x" * 65536)
     for sid in (1, 3):  # two downloads, each past BULK_AFTER
-        box.data(sid, memoryview(b"x" * Outbox.BULK_AFTER), fin=False)
+        for _ in range(Outbox.BULK_AFTER // 65536):
+            box.data(sid, chunk, fin=False)
     box.take()
     for sid in (1, 3):
-        box.data(sid, memoryview(b"x" * 200_000), fin=False)
+        for _ in range(3):
+            box.data(sid, chunk, fin=False)
     box.data(5, memoryview(b"p" * 50_000), fin=True)  # an uncompressed page: served before the bulk
-    order = data_of(frames_of(box.take(), batched=True))
+    order = data_of(frames_of(box.take(120_000), batched=True))  # the link takes less than is queued
     page = [i for i, (sid, _) in enumerate(order) if sid == 5]
     assert page == list(range(len(page))) and sum(order[i][1] for i in page) == 50_000
     bulk = [sid for sid, _ in order[len(page):]]
     assert bulk[:4] in ([1, 3, 1, 3], [3, 1, 3, 1])  # round robin, QUANTUM each
-    assert all(n <= Outbox.QUANTUM for _, n in order[:-1])
+    assert all(n <= Outbox.QUANTUM for _, n in order)
+    rest = data_of(frames_of(box.take(), batched=True))  # a link with room for all: whole frames, in order
+    assert sum(n for _, n in order + rest) == 50_000 + 6 * 65536
 
 
 def test_end_and_reset_wait_behind_their_streams_data() -> None:
     box = Outbox(batched=True)
-    box.data(1, memoryview(b"a" * 100_000), fin=False)
+    for _ in range(2):
+        box.data(1, memoryview(b"a" * 50_000), fin=False)
     box.after_data(1, wire.End(1))
-    box.data(3, memoryview(b"c" * 100_000), fin=True)
+    box.data(3, memoryview(b"c" * 50_000), fin=False)
+    box.data(3, memoryview(b"c" * 50_000), fin=True)
     box.after_data(3, wire.Reset(3, wire.ResetCode.CANCEL, "stop sending"))
     box.after_data(5, wire.End(5))  # nothing queued for stream 5: at once
     frames = frames_of(box.take(), batched=True)
@@ -131,7 +138,8 @@ def test_end_and_reset_wait_behind_their_streams_data() -> None:
 
 def test_a_dropped_stream_sends_nothing_more_and_goaway_goes_last() -> None:
     box = Outbox(batched=True)
-    box.data(1, memoryview(b"a" * 100_000), fin=False)
+    box.data(1, memoryview(b"a" * 60_000), fin=False)
+    box.data(1, memoryview(b"a" * 40_000), fin=False)
     box.take(20_000)
     box.drop(1)
     box.frame(wire.GoAway(0, "bye"))
