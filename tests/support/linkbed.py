@@ -215,7 +215,8 @@ async def lossy_phase(bed: LinkBed, link: Link, seconds: float, downloads: int =
     tunnel from the start of the settling until the window's end, one after another per loop (issue 29 item 9);
     their figures come back too (completed, bytes, errors)."""
     await bed.shape_uplink(bed.busy, link.rtt_ms, link.loss_pct, link.rate_kbit)
-    procs = await bed.downloads(downloads, time.time() + 2 * bed.scrape_interval + seconds) if downloads else []
+    started = time.time()
+    procs = await bed.downloads(downloads, started + 2 * bed.scrape_interval + seconds) if downloads else []
     try:
         await asyncio.sleep(2 * bed.scrape_interval)
         drops_before = bed.heartbeat_drops()
@@ -238,7 +239,7 @@ async def lossy_phase(bed: LinkBed, link: Link, seconds: float, downloads: int =
     done = [d for d in lines if d.get("status") == 200]
     return {"link": link, "seconds": until - since, **figures, "heartbeat_drops": sum(drops.values()),
             "drops_by_process": {k: v for k, v in drops.items() if v}, "downloads": len(done),
-            "download_bytes": sum(int(d["bytes"]) for d in lines),
+            "download_bytes": sum(int(d["bytes"]) for d in lines), "download_seconds": until - started,
             "download_errors": [d for d in lines if "error" in d or d.get("status", 200) != 200]}
 
 
