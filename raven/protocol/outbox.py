@@ -133,6 +133,10 @@ class Outbox:
         flow = self._flows.pop(stream_id, None)
         if flow is not None:
             self.pending_bytes -= flow.queued
+        if len(self._ready) > 2 * len(self._flows) + 64:  # entries of dropped flows: bounded, not left to a take
+            flows = self._flows
+            self._ready = [e for e in self._ready if (f := flows.get(e[2])) is not None and f.entry == e[1]]
+            heapq.heapify(self._ready)
 
     def forget(self, stream_id: int) -> None:
         """The stream ended: its account goes once its queued frames have left."""

@@ -13,8 +13,9 @@ trip) times ``QUEUE_TIME``, kept within [``MIN_LOWAT``, ``MAX_LOWAT``]. Not one 
 deep bottleneck queue) that is two round trips of data, 300 ms ahead of a scrape on a 150 ms link.
 
 The wait watches a duplicate of the socket's descriptor (the transport owns the original, and asyncio and uvloop
-refuse a second watcher on it); it is made at the first wait and closed by :meth:`Pacer.close`, which the session
-calls before it closes its transport.
+refuse a second watcher on it), made for the wait and closed when it ends, so that a session holds no second
+descriptor between waits; :meth:`Pacer.close`, which the session calls before it closes its transport, ends a
+wait in progress (a duplicate left open would keep the connection open after the transport's close).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _U64: Final = struct.Struct("=Q")
 class Pacer:
     """The kernel's share of one tunnel socket's backlog (its unsent bytes), and a wait for room in it."""
 
-    __slots__ = ("_closed", "_fd", "_loop", "_sock", "_waiter", "lowat")
+    __slots__ = ("_closed", "_loop", "_sock", "_waiting", "lowat")
 
     QUEUE_TIME: Final = 0.02  # seconds of data the kernel may hold unsent: ahead of a scrape, and what covers the
     # writer's wake-up on a fast link
@@ -46,8 +47,7 @@ class Pacer:
     def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._sock = sock
         self._loop = loop
-        self._fd = -1
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiting: tuple[int, asyncio.Future[None]] | None = None  # the duplicate descriptor, the waiter
         self._closed = False
         self.lowat = self.MIN_LOWAT
         sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, self.lowat)
@@ -87,31 +87,33 @@ class Pacer:
 
     async def writable(self) -> None:
         """Until the kernel has sent enough of what it holds (the socket is writable again), or :meth:`close`."""
-        if self._closed:
+        if self._closed or self._waiting is not None:
             return
-        if self._fd < 0:
-            self._fd = os.dup(self._sock.fileno())
-        fd = self._fd
-        waiter = self._waiter = self._loop.create_future()
-        self._loop.add_writer(fd, _wake, waiter)
         try:
-            await waiter
+            fd = os.dup(self._sock.fileno())
+        except OSError:
+            return  # the transport has closed its socket: the writer's send fails and ends the session
+        waiting = self._waiting = (fd, self._loop.create_future())
+        try:
+            self._loop.add_writer(fd, _wake, waiting[1])
+            await waiting[1]
         finally:
-            if self._waiter is waiter:  # close() has not already stopped the watch (and closed the descriptor)
-                self._waiter = None
-                self._loop.remove_writer(fd)
+            if self._waiting is waiting:  # else close() has ended the watch and closed the descriptor
+                self._stop()
+
+    def _stop(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            fd, waiter = waiting
+            self._loop.remove_writer(fd)
+            os.close(fd)
+            _wake(waiter)
 
     def close(self) -> None:
-        """Stop watching and close the duplicate descriptor (the transport's socket then closes for real).
-        Idempotent."""
+        """End a wait in progress and close its duplicate descriptor (the transport's socket then closes for
+        real); no wait starts after this. Idempotent."""
         self._closed = True
-        waiter, self._waiter = self._waiter, None
-        if self._fd >= 0:
-            if waiter is not None:
-                self._loop.remove_writer(self._fd)
-                _wake(waiter)
-            os.close(self._fd)
-            self._fd = -1
+        self._stop()
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

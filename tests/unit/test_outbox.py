@@ -158,3 +158,14 @@ def test_a_budget_is_kept_by_splitting_data_frames() -> None:
         sizes.append(sum(len(f.data) for f in frames if isinstance(f, wire.Data)))
         assert all(isinstance(f, wire.Data) and f.fin == (box.pending_bytes == 0) for f in frames)
     assert sum(sizes) == 60_000 and max(sizes) <= 10_000 and len(sizes) == 7
+
+
+def test_streams_reset_with_data_queued_leave_no_trace() -> None:
+    """A peer that makes the agent answer and reset thousands of streams before the link takes anything: the
+    outbox's bookkeeping stays bounded (the ready list is pruned, not left to grow until a take)."""
+    box = Outbox(batched=True)
+    for sid in range(1, 20_001, 2):
+        box.data(sid, memoryview(b"q" * 100), fin=True)
+        box.drop(sid)
+    assert box.pending_bytes == 0 and box.take() == []
+    assert len(box._ready) <= 64 and not box._flows  # what is left of 10,000 streams

@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import os
 import socket
 from collections.abc import AsyncIterator
 
@@ -73,6 +74,7 @@ async def test_the_kernel_holds_no_more_than_the_mark_and_the_wait_ends_when_the
         pytest.fail("the kernel took everything: no low mark")
     assert unsent(sock) <= pacer.lowat + 16384  # the last write may pass the mark by itself, no more
     assert writer.transport.get_write_buffer_size() == 0  # and nothing waits in the transport either
+    descriptors = len(os.listdir("/proc/self/fd"))
     waiting = asyncio.ensure_future(pacer.writable())
     await asyncio.sleep(0.2)
     assert not waiting.done()  # nothing sent: no room
@@ -80,6 +82,7 @@ async def test_the_kernel_holds_no_more_than_the_mark_and_the_wait_ends_when_the
     async with asyncio.timeout(5):
         await waiting
     assert pacer.room() > 0
+    assert len(os.listdir("/proc/self/fd")) == descriptors  # the wait's duplicate descriptor is closed
     pacer.close()
     pacer.close()  # idempotent
 
