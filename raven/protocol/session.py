@@ -61,8 +61,7 @@ class Session:
         "rtt", "state", "streams", "version"
     )
 
-    BATCH_BUDGET: Final = Outbox.BATCH_BUDGET
-    DATAGRAM_QUEUE: Final = Outbox.DATAGRAM_QUEUE
+    BATCH_BUDGET, DATAGRAM_QUEUE = Outbox.BATCH_BUDGET, Outbox.DATAGRAM_QUEUE
     # Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
     # the sender nothing: a peer may send this many per second after a burst, then the session ends.
     VOID_RATE: Final = 1000.0
@@ -154,23 +153,16 @@ class Session:
         st = self.streams.get(stream_id)
         return st.credit.available if st is not None else 0
 
-    def buffered_limit(self) -> int:
-        """The most this side can be made to buffer for received data: every stream's full window."""
-        return self.local_max_streams * self.local_window
-
     # ------------------------------------------------------------ output
 
-    def _queue(self, frame: wire.Frame) -> None:
-        self.out.frame(frame)
-
     @property
-    def pending_bytes(self) -> int:
-        """Bytes queued and not yet taken by :meth:`data_to_send`."""
+    def pending_bytes(self) -> int:  # bytes queued and not yet taken by data_to_send
         return self.out.pending_bytes
 
-    def data_to_send(self) -> list[bytes]:
-        """Every queued frame as WebSocket messages: one per frame in version 1, batched from version 2."""
-        return self.out.take()
+    def data_to_send(self, budget: int | None = None) -> list[bytes]:
+        """What leaves now as WebSocket messages (one per frame in version 1, batched from version 2): every
+        control frame, then streams' data in the outbox's order of service up to ``budget`` bytes (None: all)."""
+        return self.out.take(budget)
 
     # ------------------------------------------------------------ local actions
 
@@ -186,7 +178,7 @@ class Session:
         if stream_id > wire.MAX_STREAM_ID:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, "stream ids of this session exhausted", remote=False)
         frame = terms.as_sent(open_frame, stream_id, self.version)  # the request's terms as this version carries them
-        self._queue(frame)  # encoding raises for unencodable input before anything is registered
+        self.out.frame(frame)  # encoding raises for unencodable input before anything is registered
         self._next_id += 2
         self.streams[stream_id] = StreamState(
             stream_id, frame, Half.DONE if frame.fin else Half.BODY, Half.HEAD, self.local_window, self.peer_window
@@ -211,7 +203,7 @@ class Session:
         st = self._stream(stream_id)
         frame = wire.Head(stream_id, status, reason, headers, fin)
         nxt = self._local_next(st, Step.HEAD_FIN if fin else Step.HEAD)
-        self._queue(frame)  # encoding raises for an unencodable head before the state moves
+        self.out.frame(frame)  # encoding raises for an unencodable head before the state moves
         st.local = nxt
         self._release_if_done(st)
 
@@ -241,13 +233,19 @@ class Session:
         if st is None or st.local is Half.DONE:
             return
         st.local = self._local_next(st, Step.FIN)
-        self._queue(wire.End(stream_id))
+        self.out.after_data(stream_id, wire.End(stream_id))  # behind the stream's queued data
         self._release_if_done(st)
 
     def reset_stream(self, stream_id: int, code: int, reason: str) -> None:
-        """Abort the stream both ways and tell the peer. Idempotent."""
-        if self.streams.pop(stream_id, None) is not None:
-            self._queue(wire.Reset(stream_id, code, reason))
+        """Abort the stream both ways and tell the peer (idempotent). Its queued data is dropped unless its FIN is
+        queued too (a complete answer: RESET then only says "stop sending", behind it)."""
+        st = self.streams.pop(stream_id, None)
+        if st is None:
+            return
+        if st.local is not Half.DONE:
+            self.out.drop(stream_id)
+        self.out.after_data(stream_id, wire.Reset(stream_id, code, reason))
+        self.out.forget(stream_id)
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The consumer took ``n`` received bytes: give credit back (in batches of half a window)."""
@@ -256,7 +254,7 @@ class Session:
             return
         inc = st.recv.consumed(n)
         if inc and st.remote is not Half.DONE:
-            self._queue(wire.Window(stream_id, inc))
+            self.out.frame(wire.Window(stream_id, inc))
 
     def send_datagram(self, packet: bytes | bytearray | memoryview) -> bool:
         """Queue one IP packet (version 2 sessions). False: dropped, the queue is full or the packet too big."""
@@ -267,11 +265,10 @@ class Session:
 
     def send_control(self, frame: wire.ControlFrame) -> None:
         if self.state in LIVE:
-            self._queue(frame)
+            self.out.frame(frame)
 
     def close(self, code: int = 0, reason: str = "closed") -> list[Event]:
-        """Close the session (GOAWAY first when ``code`` and the protocol was not over). Every stream still open
-        is aborted; their events return. Idempotent."""
+        """Close (GOAWAY when ``code`` and not yet over); streams still open are aborted, their events returned."""
         if self.state is SessionState.CLOSED:
             return []
         if self.state is not SessionState.ENDED:
@@ -281,8 +278,7 @@ class Session:
         return events
 
     def abort(self, reason: str) -> list[Event]:
-        """The local side ends the protocol (a peer that does not read): ENDED, every stream aborted, no GOAWAY.
-        The transport closes next. Idempotent."""
+        """End the protocol here (a peer that does not read): ENDED, every stream aborted, no GOAWAY. Idempotent."""
         if self.state in OVER:
             return []
         self._end(reason, 0, EndCause.ABORTED, goaway=False)
@@ -292,6 +288,7 @@ class Session:
     def _release_if_done(self, st: StreamState) -> None:
         if st.local is Half.DONE and st.remote is Half.DONE:
             del self.streams[st.id]
+            self.out.forget(st.id)
 
     # ------------------------------------------------------------ time
 
@@ -310,7 +307,7 @@ class Session:
             self._ping_seq += 1
             self._ping_sent = (self._ping_seq, now)
             self._next_ping = now + self.heartbeat_interval
-            self._queue(wire.Ping(self._ping_seq))
+            self.out.frame(wire.Ping(self._ping_seq))
         events, self._events = self._events, []
         return events
 
@@ -350,7 +347,8 @@ class Session:
         if self.streams.pop(err.stream_id, None) is not None:
             self._events.append(StreamAborted(err.stream_id, err.code, err.reason, False))
             self._events.append(StreamClosed(err.stream_id))
-        self._queue(wire.Reset(err.stream_id, err.code, err.reason))
+        self.out.drop(err.stream_id)
+        self.out.frame(wire.Reset(err.stream_id, err.code, err.reason))
         try:
             self._void()  # each costs a RESET: a peer that provokes them without end is cut off
         except wire.ProtocolError as void:
@@ -363,7 +361,7 @@ class Session:
         self.close_code = code
         self.out.drop_datagrams()
         if goaway:
-            self._queue(wire.GoAway(code, reason))
+            self.out.frame(wire.GoAway(code, reason))
         events = self._events
         for sid in list(self.streams):
             events.append(StreamAborted(sid, wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", False))
@@ -380,6 +378,7 @@ class Session:
     def _closed_by_peer(self, st: StreamState) -> None:
         if st.local is Half.DONE and st.remote is Half.DONE:
             del self.streams[st.id]
+            self.out.forget(st.id)
             self._events.append(StreamClosed(st.id))
 
     # ------------------------------------------------------------ received frames, one handler per type (_RECEIVED)
@@ -428,6 +427,7 @@ class Session:
 
     def _on_reset(self, frame: wire.Reset) -> None:
         if self.streams.pop(frame.stream_id, None) is not None:
+            self.out.drop(frame.stream_id)  # the peer discards it
             self._events.append(StreamAborted(frame.stream_id, frame.code, frame.reason, True))
             self._events.append(StreamClosed(frame.stream_id))
 
@@ -436,7 +436,7 @@ class Session:
         self._events.append(DatagramReceived(packet))
 
     def _on_ping(self, frame: wire.Ping) -> None:
-        self._queue(wire.Pong(frame.opaque))
+        self.out.frame(wire.Pong(frame.opaque))
 
     def _on_pong(self, frame: wire.Pong) -> None:
         sent = self._ping_sent
@@ -482,7 +482,7 @@ class Session:
         self._last_peer_id = sid
         terms.check_version(frame, self.version)
         if len(self.streams) >= self.local_max_streams:
-            self._queue(wire.Reset(sid, wire.ResetCode.LIMIT, f"agent stream limit {self.local_max_streams}"))
+            self.out.frame(wire.Reset(sid, wire.ResetCode.LIMIT, f"agent stream limit {self.local_max_streams}"))
             return
         self.streams[sid] = StreamState(
             sid, frame, Half.HEAD, Half.DONE if frame.fin else Half.BODY, self.local_window, self.peer_window

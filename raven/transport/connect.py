@@ -37,7 +37,8 @@ async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, lim
         raise hs.fail(HandshakeRefused(Reason.HANDSHAKE_CLOSED,
                                        f"gateway closed the tunnel during the handshake ({msg.type.name})"))
     session_core, welcome = hs.receive_welcome(msg.data, asyncio.get_running_loop().time())
-    return Session(WebSocketSink(ws), session_core, name=f"gw:{welcome.replica}"), welcome
+    sock = ws.get_extra_info("socket")  # the tunnel's TCP socket: paced (raven/transport/pacer.py)
+    return Session(WebSocketSink(ws), session_core, name=f"gw:{welcome.replica}", sock=sock), welcome
 
 
 async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.Welcome],
@@ -75,4 +76,5 @@ async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.W
     session_core = hs.accept(welcome, asyncio.get_running_loop().time())
     for message in hs.data_to_send():
         await ws.send_bytes(message)
-    return Session(WebSocketSink(ws), session_core, name=f"{hello.agent}/{hello.session[:8]}"), hello
+    return Session(WebSocketSink(ws), session_core, name=f"{hello.agent}/{hello.session[:8]}",
+                   sock=ws.get_extra_info("socket")), hello

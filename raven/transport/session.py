@@ -4,10 +4,11 @@ The split is websockets' ``protocol.py`` beside ``asyncio/connection.py``: the c
 session's state (raven/protocol/state.py); this layer only moves bytes and wakes waiters. One reader
 (:meth:`Session.run`) feeds every received message to the core and turns its events into woken waiters through a
 table (event type -> handler); it never awaits a stream's consumer, so one slow stream cannot stall the others.
-One writer task sends everything the core has queued as few messages as the protocol version allows, once per turn
-of the loop, and waits on the transport's own flow control (the sink's ``send`` drains); stream writers wait only
-when more than ``HIGH_WATER`` bytes are queued. The writer exists while there is output or a stream is open, so an
-idle session holds no task. The heartbeat is one timer at the core's ``next_deadline()``.
+One writer task sends what the core has queued, taking over a TCP socket only what the kernel may hold unsent
+(raven/transport/pacer.py): the backlog stays in the core, whose outbox orders it as it leaves (small streams
+before bulk ones). Stream writers wait over ``HIGH_WATER`` bytes queued, a stream with none queued only over twice
+that. The writer exists while there is output or a stream is open, so an idle session holds no task. The
+heartbeat is one timer at the core's ``next_deadline()``.
 
 Sessions are made by raven/transport/connect.py (``connect()`` for the agent, ``accept()`` for the gateway) from
 the handshake's core; the streams' awaitables are raven/transport/stream.py, which reach the session only through
@@ -41,6 +42,7 @@ from raven.protocol.events import (
 )
 from raven.protocol.session import StreamReset
 from raven.protocol.state import LIVE, SessionState
+from raven.transport.pacer import Pacer
 from raven.transport.stream import Stream
 
 __all__ = ["MessageSink", "Session", "Stream", "StreamReset"]
@@ -71,32 +73,16 @@ class Session:
     """
 
     __slots__ = (
-        "__weakref__",
-        "_closed_fut",
-        "_in_transit",
-        "_out_waiter",
-        "_room_waiters",
-        "_send_since",
-        "_tasks",
-        "_timer",
-        "_timer_at",
-        "_writer_task",
-        "core",
-        "loop",
-        "name",
-        "on_closing",
-        "on_control",
-        "on_datagram",
-        "on_open",
-        "on_stream_closed",
-        "sink",
-        "streams",
+        "__weakref__", "_closed_fut", "_in_transit", "_out_waiter", "_pacer", "_room_waiters", "_send_since",
+        "_tasks", "_timer", "_timer_at", "_writer_task", "core", "loop", "name", "on_closing", "on_control",
+        "on_datagram", "on_open", "on_stream_closed", "sink", "streams",
     )
 
     HIGH_WATER = 1 << 20  # bytes queued for the transport before stream writers wait
     LOW_WATER = 256 * 1024
     HARD_LIMIT = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
     WRITE_STALL_TIMEOUTS = 3  # a write waiting this many heartbeat timeouts for the peer to read ends the session
+    MIN_BUDGET: Final = 4096  # bytes taken from the core per send at the least (the kernel's room may be less)
     MIN_TIMER_STEP: Final = 0.01  # seconds: a deadline already reached is looked at again no sooner than this
 
     def __init__(
@@ -108,6 +94,7 @@ class Session:
         on_open: OpenHandler | None = None,
         on_control: ControlHandler | None = None,
         on_stream_closed: Callable[[Stream], None] | None = None,
+        sock: Any = None,
     ) -> None:
         if session_core.state not in LIVE:
             raise core.LocalProtocolError(f"a transport session needs an open core, not {session_core.state.value}")
@@ -125,7 +112,8 @@ class Session:
         self._out_waiter: asyncio.Future[None] | None = None
         self._in_transit = 0  # bytes the writer took from the core and has not finished sending
         self._send_since: float | None = None  # when the send in progress began (a stalled peer is cut off)
-        self._room_waiters: list[asyncio.Future[None]] = []
+        self._room_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._pacer = Pacer.of(sock, self.loop)  # ``sock``: the transport's TCP socket, if it has one
         self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
         self._tasks: list[asyncio.Task[None]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -233,6 +221,8 @@ class Session:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._pacer is not None:
+            self._pacer.close()  # before the transport's close: its duplicate descriptor would keep the socket
         for stream in list(self.streams.values()):  # a stream the core had already let go
             stream.aborted(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
             self._release(stream)
@@ -242,7 +232,7 @@ class Session:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
-        for fut in self._room_waiters:
+        for _, fut in self._room_waiters:
             if not fut.done():
                 fut.set_result(None)
         last = self.core.data_to_send()  # frames queued before the end, then GOAWAY when there is one
@@ -351,14 +341,15 @@ class Session:
 
     # The Link surface (raven/transport/stream.py): what a stream asks of its session.
 
-    @property
-    def congested(self) -> bool:
-        return self.core.pending_bytes + self._in_transit > self.HIGH_WATER
+    def congested(self, stream_id: int) -> bool:
+        """Over ``HIGH_WATER`` queued; a stream with nothing queued may still add up to twice that."""
+        queued = self.core.pending_bytes + self._in_transit
+        return queued > self.HIGH_WATER and (queued > 2 * self.HIGH_WATER or self.core.out.queued(stream_id) > 0)
 
-    async def wait_send_room(self) -> None:
-        while self.congested and self.core.state in LIVE:
+    async def wait_send_room(self, stream_id: int) -> None:
+        while self.congested(stream_id) and self.core.state in LIVE:
             fut = self.loop.create_future()
-            self._room_waiters.append(fut)
+            self._room_waiters.append((stream_id, fut))
             await fut
         if self.core.state not in LIVE:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
@@ -428,9 +419,22 @@ class Session:
 
     async def _writer(self) -> None:
         session_core = self.core
+        pacer = self._pacer
+        waited = False
         try:
             while session_core.state in LIVE:
-                messages = session_core.data_to_send()
+                budget = None
+                if pacer is not None and session_core.pending_bytes:
+                    room = pacer.room()
+                    if room <= 0 and not waited:  # the kernel holds enough: the rest waits here, in order
+                        waited = True
+                        self._send_since = self.loop.time()
+                        await pacer.writable()
+                        self._send_since = None
+                        continue
+                    budget = max(room, self.MIN_BUDGET)
+                waited = False
+                messages = session_core.data_to_send(budget)
                 if not messages:
                     if not self.streams:
                         return  # idle: no task held (memory); the next output starts a new writer
@@ -447,17 +451,27 @@ class Session:
                     await self.sink.send(message)
                     self._send_since = None
                     self._in_transit -= len(message)
-                if self._room_waiters and session_core.pending_bytes + self._in_transit <= self.LOW_WATER:
-                    waiters, self._room_waiters = self._room_waiters, []
-                    for fut in waiters:
-                        if not fut.done():
-                            fut.set_result(None)
+                if self._room_waiters:
+                    self._wake_writers()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._close_soon(f"send failed: {exc!r}")
         finally:
             self._writer_task = None
+
+    def _wake_writers(self) -> None:
+        """Stream writers waiting for room: all of them below ``LOW_WATER``, else those that may add now."""
+        low = self.core.pending_bytes + self._in_transit <= self.LOW_WATER
+        waiting: list[tuple[int, asyncio.Future[None]]] = []
+        for sid, fut in self._room_waiters:
+            if fut.done():
+                continue
+            if low or not self.congested(sid):
+                fut.set_result(None)
+            else:
+                waiting.append((sid, fut))
+        self._room_waiters = waiting
 
 
 # Each event of the core and the session's handler for it.

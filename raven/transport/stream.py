@@ -27,12 +27,11 @@ class Link(Protocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    @property
-    def congested(self) -> bool:
-        """More is queued than the session lets writers add to: :meth:`wait_send_room` first."""
+    def congested(self, stream_id: int) -> bool:
+        """More is queued than the session lets this stream add to: :meth:`wait_send_room` first."""
         ...
 
-    async def wait_send_room(self) -> None: ...
+    async def wait_send_room(self, stream_id: int) -> None: ...
 
     def consumed(self, stream_id: int, n: int) -> None: ...
 
@@ -192,8 +191,8 @@ class Stream:
         while view:
             if self._reset is not None:
                 raise self._reset
-            if link.congested:
-                await link.wait_send_room()
+            if link.congested(self.id):
+                await link.wait_send_room(self.id)
                 continue
             n = send(self.id, view, end)
             if n == 0:

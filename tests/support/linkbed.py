@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import shutil
 import statistics
@@ -23,10 +24,13 @@ import aiohttp
 import yaml
 
 from raven.errors import TestbedError
-from tests.support.testbed import GATEWAY_OPS, PROMETHEUS, Testbed
+from tests.support.paths import ROOT
+from tests.support.testbed import CLOUD_IP, GATEWAY_OPS, PROMETHEUS, Testbed
 
 BUSY_SITE = 0  # site a
 LAN_HOST = "rv-a-n1"  # the namespace whose eth0 carries every simulated node's address
+BLOB_PORT = 9100  # the first node's other port: incompressible bodies for bulk downloads (tests/support/blobserver.py)
+DOWNLOAD_TIMEOUT = 120  # the front end's request_timeout here: a 2 MiB download on a lossy link takes tens of seconds
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,25 @@ class LinkBed(Testbed):
     def busy(self) -> Any:
         return self.sites[BUSY_SITE]
 
+    @property
+    def blob_node(self) -> tuple[str, str]:
+        """The node whose port ``BLOB_PORT`` serves bulk downloads: (name, address)."""
+        name, address = min(self.busy.nodes.items())
+        return str(name), str(address)
+
+    async def downloads(self, count: int, until: float) -> list[asyncio.subprocess.Process]:
+        """``count`` download loops from the cloud through the tunnel, each fetching 2 MiB again and again until
+        ``until`` (Unix time); each prints a JSON line per download."""
+        argv = [sys.executable, "-m", "tests.support.blobserver", "get", "--gateway", f"{CLOUD_IP}:{BLOB_PORT}",
+                "--host", f"{self.blob_node[0]}:{BLOB_PORT}", "--token-file", str(self.token_file),
+                "--until", f"{until:.3f}"]
+        procs = []
+        for _ in range(count):
+            procs.append(await asyncio.create_subprocess_exec(
+                "ip", "netns", "exec", "rv-cloud", *argv, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=ROOT))
+        return procs
+
     def make_files(self) -> None:
         super().make_files()
         # The product's defaults where the other tests shorten them: heartbeat and the agents' backoff.
@@ -65,6 +88,8 @@ class LinkBed(Testbed):
             if "gateway" in tree:
                 for key in ("backoff_initial", "backoff_max"):
                     tree["gateway"].pop(key, None)
+            if "front" in tree:  # scrapes keep Prometheus's own timeout (its header lowers this)
+                tree["front"]["request_timeout"] = DOWNLOAD_TIMEOUT
             path.write_text(yaml.safe_dump(tree, sort_keys=False))
         interval = f"{self.scrape_interval:g}s"
         bearer = {"type": "Bearer", "credentials_file": str(self.token_file)}
@@ -90,6 +115,8 @@ class LinkBed(Testbed):
         specs = [a for n, addr in sorted(self.busy.nodes.items()) for a in ("--node", f"{n}={addr}:9400")]
         await self.spawn("dcgm-site-a", LAN_HOST, [sys.executable, "-m", "raven.demo.simexporter", "--stats-interval",
                                                   "3600", *specs])
+        await self.spawn("blob-site-a", LAN_HOST, [sys.executable, "-m", "tests.support.blobserver", "serve",
+                                                  "--listen", f"{self.blob_node[1]}:{BLOB_PORT}"])
         other = self.sites[1 - BUSY_SITE]
         for node, address in other.nodes.items():
             await self.spawn(f"dcgm-{node}", f"rv-{other.name}-n{node[-1]}",
@@ -180,20 +207,40 @@ class LinkBed(Testbed):
 
 # ------------------------------------------------------------ the two phases (shared by the test and the bench)
 
-async def lossy_phase(bed: LinkBed, link: Link, seconds: float) -> dict[str, Any]:
+async def lossy_phase(bed: LinkBed, link: Link, seconds: float, downloads: int = 0) -> dict[str, Any]:
     """Shape the busy site's uplink, let it settle for two scrape intervals, then scrape through it for
-    ``seconds``: the scrape figures, and the sessions the heartbeat dropped although the link was up."""
+    ``seconds``: the scrape figures, and the sessions the heartbeat dropped although the link was up.
+
+    ``downloads``: that many incompressible 2 MiB downloads from the site's first node run through the same
+    tunnel from the start of the settling until the window's end, one after another per loop (issue 29 item 9);
+    their figures come back too (completed, bytes, errors)."""
     await bed.shape_uplink(bed.busy, link.rtt_ms, link.loss_pct, link.rate_kbit)
-    await asyncio.sleep(2 * bed.scrape_interval)
-    drops_before = bed.heartbeat_drops()
-    since = time.time()
-    await asyncio.sleep(seconds)
-    until = time.time()
+    started = time.time()
+    procs = await bed.downloads(downloads, started + 2 * bed.scrape_interval + seconds) if downloads else []
+    try:
+        await asyncio.sleep(2 * bed.scrape_interval)
+        drops_before = bed.heartbeat_drops()
+        since = time.time()
+        await asyncio.sleep(seconds)
+        until = time.time()
+        lines = []
+        for proc in procs:
+            async with asyncio.timeout(30):
+                out, _ = await proc.communicate()
+            lines += [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
     await asyncio.sleep(min(bed.scrape_interval, 10) + 1)  # the last scrapes of the window end and are stored
     figures = await bed.scrape_figures(bed.busy.pool, since, until)
     drops = {k: v - drops_before.get(k, 0) for k, v in bed.heartbeat_drops().items()}
+    done = [d for d in lines if d.get("status") == 200]
     return {"link": link, "seconds": until - since, **figures, "heartbeat_drops": sum(drops.values()),
-            "drops_by_process": {k: v for k, v in drops.items() if v}}
+            "drops_by_process": {k: v for k, v in drops.items() if v}, "downloads": len(done),
+            "download_bytes": sum(int(d["bytes"]) for d in lines), "download_seconds": until - started,
+            "download_errors": [d for d in lines if "error" in d or d.get("status", 200) != 200]}
 
 
 async def outage_phase(bed: LinkBed, link: Link, seconds: float, bound: float) -> dict[str, Any]:

@@ -30,6 +30,9 @@ class ScriptedWS:
     async def send_bytes(self, data: bytes) -> None:
         self.sent.append(data)
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # no TCP socket under a script: the session is not paced
+
     async def _next(self) -> aiohttp.WSMessage | bytes:
         item = self.incoming.pop(0) if self.incoming else None
         if item is None:

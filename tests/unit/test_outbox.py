@@ -1,5 +1,5 @@
-"""raven/protocol/outbox.py without sockets: frames leave in order, batched within the budget, packets after them
-and bounded."""
+"""raven/protocol/outbox.py without sockets: control frames first, then the streams' data in order of service
+(the least served stream first, bulk streams round robin behind), batched within the budget; packets bounded."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_version_1_sends_one_frame_per_message() -> None:
     assert box.take() == []
 
 
-def test_version_2_batches_in_order_within_the_budget() -> None:
+def test_version_2_batches_within_the_budget_control_frames_first() -> None:
     box = Outbox(batched=True)
     chunk = b"x" * 40_000
     for i in range(10):
@@ -38,7 +38,7 @@ def test_version_2_batches_in_order_within_the_budget() -> None:
     assert 1 < len(messages) <= 5
     assert all(len(m) <= Outbox.BATCH_BUDGET for m in messages)
     frames = frames_of(messages, batched=True)
-    assert [type(f).__name__ for f in frames] == ["Data"] * 10 + ["Window"]
+    assert [type(f).__name__ for f in frames] == ["Window"] + ["Data"] * 10
     assert b"".join(bytes(f.data) for f in frames if isinstance(f, wire.Data)) == chunk * 10
 
 
@@ -71,3 +71,101 @@ def test_version_1_carries_no_datagrams_and_dropping_frees_the_queue() -> None:
     assert box.datagram(b"\x45" * 100)
     box.drop_datagrams()
     assert box.pending_bytes == 0 and box.take() == []
+
+
+def data_of(frames: list[wire.Frame]) -> list[tuple[int, int]]:
+    """(stream, payload bytes) of each DATA frame, in the order they left."""
+    return [(f.stream_id, len(f.data)) for f in frames if isinstance(f, wire.Data)]
+
+
+def test_a_small_stream_opened_behind_a_bulk_backlog_leaves_first() -> None:
+    """Issue 29 item 9: a download has 512 KiB queued; a scrape's page queued after it leaves in the next take,
+    not behind the backlog, and the download then takes the rest."""
+    box = Outbox(batched=True)
+    bulk = memoryview(b"b" * 65536)
+    for _ in range(8):
+        box.data(1, bulk, fin=False)
+    first = data_of(frames_of(box.take(32 * 1024), batched=True))  # the link took 32 KiB of it
+    assert first and {sid for sid, _ in first} == {1} and sum(n for _, n in first) <= 32 * 1024
+    box.frame(wire.Head(3, 200, "OK", (), False))
+    box.data(3, memoryview(b"s" * 5000), fin=True)  # the scrape's page
+    frames = frames_of(box.take(16 * 1024), batched=True)
+    assert isinstance(frames[0], wire.Head)
+    assert data_of(frames)[0] == (3, 5000) and isinstance(frames[1], wire.Data) and frames[1].fin
+    rest = data_of(frames_of(box.take(), batched=True))
+    assert {sid for sid, _ in rest} <= {1}
+    assert sum(n for _, n in first + data_of(frames) + rest) == 8 * 65536 + 5000
+    assert box.pending_bytes == 0
+
+
+def test_the_least_served_stream_goes_first_and_bulk_streams_share() -> None:
+    box = Outbox(batched=True)
+    chunk = memoryview(b"x" * 65536)
+    for sid in (1, 3):  # two downloads, each past BULK_AFTER
+        for _ in range(Outbox.BULK_AFTER // 65536):
+            box.data(sid, chunk, fin=False)
+    box.take()
+    for sid in (1, 3):
+        for _ in range(3):
+            box.data(sid, chunk, fin=False)
+    box.data(5, memoryview(b"p" * 50_000), fin=True)  # an uncompressed page: served before the bulk
+    order = data_of(frames_of(box.take(120_000), batched=True))  # the link takes less than is queued
+    page = [i for i, (sid, _) in enumerate(order) if sid == 5]
+    assert page == list(range(len(page))) and sum(order[i][1] for i in page) == 50_000
+    bulk = [sid for sid, _ in order[len(page):]]
+    assert bulk[:4] in ([1, 3, 1, 3], [3, 1, 3, 1])  # round robin, QUANTUM each
+    assert all(n <= Outbox.QUANTUM for _, n in order)
+    rest = data_of(frames_of(box.take(), batched=True))  # a link with room for all: whole frames, in order
+    assert sum(n for _, n in order + rest) == 50_000 + 6 * 65536
+
+
+def test_end_and_reset_wait_behind_their_streams_data() -> None:
+    box = Outbox(batched=True)
+    for _ in range(2):
+        box.data(1, memoryview(b"a" * 50_000), fin=False)
+    box.after_data(1, wire.End(1))
+    box.data(3, memoryview(b"c" * 50_000), fin=False)
+    box.data(3, memoryview(b"c" * 50_000), fin=True)
+    box.after_data(3, wire.Reset(3, wire.ResetCode.CANCEL, "stop sending"))
+    box.after_data(5, wire.End(5))  # nothing queued for stream 5: at once
+    frames = frames_of(box.take(), batched=True)
+    assert frames[0] == wire.End(5)
+    for sid, last in ((1, wire.End), (3, wire.Reset)):
+        mine = [f for f in frames if getattr(f, "stream_id", 0) == sid]
+        assert isinstance(mine[-1], last) and all(isinstance(f, wire.Data) for f in mine[:-1])
+        assert sum(len(f.data) for f in mine if isinstance(f, wire.Data)) == 100_000
+
+
+def test_a_dropped_stream_sends_nothing_more_and_goaway_goes_last() -> None:
+    box = Outbox(batched=True)
+    box.data(1, memoryview(b"a" * 60_000), fin=False)
+    box.data(1, memoryview(b"a" * 40_000), fin=False)
+    box.take(20_000)
+    box.drop(1)
+    box.frame(wire.GoAway(0, "bye"))
+    box.data(3, memoryview(b"c" * 1000), fin=True)
+    frames = frames_of(box.take(), batched=True)
+    assert data_of(frames) == [(3, 1000)] and isinstance(frames[-1], wire.GoAway)
+    assert box.pending_bytes == 0
+
+
+def test_a_budget_is_kept_by_splitting_data_frames() -> None:
+    box = Outbox(batched=False)
+    box.data(1, memoryview(b"z" * 60_000), fin=True)
+    sizes = []
+    while box.pending_bytes:
+        frames = frames_of(box.take(10_000), batched=False)
+        sizes.append(sum(len(f.data) for f in frames if isinstance(f, wire.Data)))
+        assert all(isinstance(f, wire.Data) and f.fin == (box.pending_bytes == 0) for f in frames)
+    assert sum(sizes) == 60_000 and max(sizes) <= 10_000 and len(sizes) == 7
+
+
+def test_streams_reset_with_data_queued_leave_no_trace() -> None:
+    """A peer that makes the agent answer and reset thousands of streams before the link takes anything: the
+    outbox's bookkeeping stays bounded (the ready list is pruned, not left to grow until a take)."""
+    box = Outbox(batched=True)
+    for sid in range(1, 20_001, 2):
+        box.data(sid, memoryview(b"q" * 100), fin=True)
+        box.drop(sid)
+    assert box.pending_bytes == 0 and box.take() == []
+    assert len(box._ready) <= 64 and not box._flows  # what is left of 10,000 streams

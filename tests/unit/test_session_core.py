@@ -192,3 +192,41 @@ def test_a_peer_flooding_frames_that_do_nothing_is_cut_off() -> None:
     for t in range(20):  # at the allowed rate it goes on
         ag2.receive(empty * 900, float(t))
     assert not ag2.closed and ag2.alive(sid2)
+
+
+def test_a_scrape_opened_behind_a_download_backlog_is_answered_first() -> None:
+    """Issue 29 item 9: the agent has a download's window (256 KiB) queued and the link takes 16 KiB per turn;
+    a scrape opened later gets its head and page out in the next turn, ahead of the backlog, and the download
+    and a reset behind a complete answer keep their order."""
+    window = 256 * 1024
+    common = dict(local_window=window, peer_window=window, local_max_streams=8, peer_max_streams=8)
+    gw, ag = Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+    download = gw.open_stream(op())
+    relay(gw, ag)
+    ag.send_head(download, 200, "OK", ())
+    sent = 0
+    while n := ag.send_data(download, memoryview(bytes(range(256)) * 256)[: 64 * 1024]):
+        sent += n
+    assert sent == window
+    got: dict[int, int] = {download: 0}
+
+    def link_turn(budget: int) -> list[object]:
+        events: list[object] = [e for m in ag.data_to_send(budget) for e in gw.receive(m, 0.0)]
+        for e in events:
+            if isinstance(e, DataReceived):
+                got[e.stream_id] = got.get(e.stream_id, 0) + len(e.data)
+        return events
+
+    link_turn(16 * 1024)
+    scrape = gw.open_stream(op("edge-2"))
+    relay(gw, ag)
+    ag.send_head(scrape, 200, "OK", (("content-encoding", "gzip"),))
+    ag.send_data(scrape, b"p" * 5000, fin=True)
+    events = link_turn(16 * 1024)
+    assert [type(e) for e in events if getattr(e, "stream_id", 0) == scrape] == [HeadReceived, DataReceived,
+                                                                                 StreamClosed]
+    assert got[scrape] == 5000 and got[download] < 32 * 1024
+    ag.reset_stream(download, wire.ResetCode.CANCEL, "stop")  # its data is not all queued: dropped, reset at once
+    events = link_turn(16 * 1024)
+    assert any(isinstance(e, StreamAborted) and e.stream_id == download for e in events)
+    assert ag.pending_bytes == 0 and got[download] < 48 * 1024

@@ -70,6 +70,7 @@ class TwoSessions(RuleBasedStateMachine):
         self.ag = Side(False, self.version)
         self.wire: dict[bool, collections.deque[bytes]] = {True: collections.deque(), False: collections.deque()}
         self.now = 0.0
+        self.budget: int | None = None  # what the link takes per flush (None: everything queued)
 
     # ------------------------------------------------------------ helpers
 
@@ -77,12 +78,17 @@ class TwoSessions(RuleBasedStateMachine):
         return self.gw if gw else self.ag
 
     def flush(self, gw: bool) -> None:
-        self.wire[gw].extend(self.side(gw).core.data_to_send())
+        self.wire[gw].extend(self.side(gw).core.data_to_send(self.budget))
 
     def open_ids(self, gw: bool) -> list[int]:
         return sorted(self.side(gw).core.streams)
 
     # ------------------------------------------------------------ rules
+
+    @rule(budget=st.one_of(st.none(), st.integers(1, 20_000)))
+    def link(self, budget: int | None) -> None:
+        """The link takes ``budget`` bytes per flush from now on: the rest waits in the outbox, in its order."""
+        self.budget = budget
 
     @rule(fin=st.booleans())
     def open(self, fin: bool) -> None:
@@ -181,6 +187,7 @@ class TwoSessions(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """Both sides let go of what is left and everything is delivered: every stream ended on both sides."""
+        self.budget = None
         for _ in range(50):
             for gw in (True, False):
                 s = self.side(gw)
