@@ -7,7 +7,7 @@
 #   bash scripts/image.sh
 # With bases of your own: any Debian-like image with python3 3.11 at /usr/bin/python3 (the build base also
 # with the venv module and strip), and build/image-wheels/ filled as scripts/image.sh does:
-#   podman build --network none --build-arg BASE_IMAGE=... --build-arg BUILD_IMAGE=... -t raven-tunnel:0.1.0 .
+#   podman build --network none --build-arg BASE_IMAGE=... --build-arg BUILD_IMAGE=... -t raven-tunnel:0.2.0 .
 # Run: args ["gateway", "--config", "/etc/raven/gateway.yaml"] or ["agent", "--config", "/etc/raven/agent.yaml"].
 
 ARG BASE_IMAGE=localhost/raven-base:bookworm

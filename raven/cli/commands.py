@@ -103,7 +103,13 @@ def _overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
     return [*out, *args.set]
 
 
+def _add_version(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=version.describe(),
+                   help="print the release and the tunnel protocol versions it speaks, and exit")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
+    _add_version(p)  # `raven gateway --version` answers as `raven --version` does
     p.add_argument("--config", "-c", type=Path, help="YAML configuration file")
     p.add_argument("--set", action="append", default=[], metavar="FIELD.PATH=VALUE",
                    help="override one setting, e.g. --set limits.heartbeat_timeout=8 (repeatable)")
@@ -311,8 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Raven: cloud Prometheus scrapes edge nodes behind NAT by Kubernetes node name, "
         "through mutually authenticated tunnels that edge agents dial out to the cloud gateway.",
     )
-    parser.add_argument("--version", action="version", version=version.describe(),
-                        help="print the release and the tunnel protocol versions it speaks, and exit")
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     gw = sub.add_parser(

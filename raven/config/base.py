@@ -4,6 +4,7 @@ pool and method names, ports, seconds), TLS files, the tunnel's limits and the K
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated
@@ -67,10 +68,11 @@ class TLSConfig(Model):
     def _files_exist(self) -> TLSConfig:
         for name in ("cert", "key", "ca"):
             path: Path = getattr(self, name)
+            shown = os.path.abspath(path)  # the file meant, whatever the working folder and however it was spelt
             if path.is_dir():
-                raise ValueError(f"{name}: {str(path)!r} is a directory, not a file")
+                raise ValueError(f"{name}: {shown!r} is a directory, not a file")
             if not path.is_file():
-                raise ValueError(f"{name}: file {str(path)!r} does not exist")
+                raise ValueError(f"{name}: file {shown!r} does not exist")
         return self
 
 

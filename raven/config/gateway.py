@@ -15,6 +15,7 @@ from raven import version
 from raven.config.base import HostPort, KubeSettings, Method, Model, PoolName, Port, Seconds, TLSConfig, TunnelLimits
 from raven.config.pools import DirectHosts, PoolDefaults, PoolSettings, pools_nodes_unique
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
+from raven.dns.shards import TYPICAL_NAME_LENGTH, typical_capacity
 from raven.layer3.config import GatewayLayer3
 
 
@@ -179,6 +180,9 @@ class LeaseSettings(Model):
     duration: Seconds = 15.0
 
 
+_CAPACITY = typical_capacity()  # names one ConfigMap holds (IPv4; IPv4 and IPv6), as the docs say it
+
+
 class HostsSettings(Model):
     service_addresses: list[IPAddress] = Field(
         default_factory=list, description="addresses every edge node name resolves to (the Raven front Service)"
@@ -190,8 +194,9 @@ class HostsSettings(Model):
     shards: int = Field(
         1, ge=1, le=10,
         description="split the hosts file in this many files or ConfigMaps, past one ConfigMap's 1 MiB (about "
-        "35,000 names with one IPv4 service address, 16,000 with IPv4 and IPv6): shard k >= 1 goes to <file>.<k> "
-        "and ConfigMap <name>-<k>, each read by a CoreDNS server block of its own (deploy/coredns/)",
+        f"{_CAPACITY[0]:,} names of {TYPICAL_NAME_LENGTH} characters with one IPv4 service address, {_CAPACITY[1]:,} "
+        "with IPv4 and IPv6): shard k >= 1 goes to <file>.<k> and ConfigMap <name>-<k>, each read by a CoreDNS server "
+        "block of its own (deploy/coredns/)",
     )
     direct: DirectHosts = Field(
         "omit", description="names of direct and layer3 pools: 'omit' leaves them to the cluster's own resolution "

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import shlex
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -56,6 +59,19 @@ def print_table(rows: list[Scrape]) -> None:
         print(f"  {r.node:<12} {r.pool:<10} {r.agent:<18} {r.status:>6} {r.size:>7} {r.millis:>7.1f}  {gpu}")
         if r.error:
             print(f"      error: {r.error[:160]}")
+
+
+def raven_command() -> str:
+    """`raven` as a user can type it in any shell: its name when PATH finds this installation's, else its
+    absolute path (scripts/demo.sh runs .venv/bin/raven, which is on no PATH), else this Python with -m."""
+    beside = Path(sys.executable).with_name("raven")  # the console script of this interpreter's environment
+    if beside.is_file() and os.access(beside, os.X_OK):
+        on_path = shutil.which("raven")
+        with contextlib.suppress(OSError):
+            if on_path is not None and os.path.samefile(on_path, beside):
+                return "raven"
+        return shlex.quote(os.path.abspath(beside))
+    return f"{shlex.quote(sys.executable)} -m raven.cli"
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -132,7 +148,7 @@ async def main(args: argparse.Namespace) -> int:
             print(f"  curl -H 'Host: {node}:9400' {cluster.front_url}/metrics | head")
             print(f"  curl {cluster.sd_url}          # Prometheus HTTP service discovery")
             print(f"  curl http://127.0.0.1:{cluster.gateway_metrics_port}/metrics | grep raven_")
-            print(f"  raven status --gateway http://127.0.0.1:{cluster.gateway_metrics_port}   # or open "
+            print(f"  {raven_command()} status --gateway http://127.0.0.1:{cluster.gateway_metrics_port}   # or open "
                   f"http://127.0.0.1:{cluster.gateway_metrics_port}/status.html")
             print("Press Ctrl-C to stop.")
             stop = asyncio.Event()

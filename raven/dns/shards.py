@@ -25,6 +25,11 @@ from raven.dns.hosts import CONFIGMAP_MAX_BYTES, Address, check_names, render_ch
 LAST_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 MAX_SHARDS = 10  # the digits each get a shard at most; letters go round the same shards
 HEADER_BYTES = 4096  # room for a file's comment lines
+# The capacity people are told (README.md, deploy/coredns/README.md, deploy/examples/gateway.yaml, hosts.shards's
+# description; tests/unit/test_docs_agree.py holds them to it): names of this length ("edge-gpu-12345") with a
+# Service's ClusterIPs of these lengths.
+TYPICAL_NAME_LENGTH = 14
+TYPICAL_ADDRESSES = ("10.96.123.45", "fd00:10:96::1234")
 
 
 def shard_of(name: str, shards: int) -> int:
@@ -91,6 +96,14 @@ def ceiling(addresses: Sequence[str], name_length: int, limit: int = CONFIGMAP_M
     """How many names of ``name_length`` characters one ConfigMap holds with these service addresses."""
     per_name = line_bytes("x" * name_length, addresses)
     return (limit - HEADER_BYTES) // max(1, per_name)
+
+
+def typical_capacity() -> tuple[int, int]:
+    """Typical names one ConfigMap holds with one IPv4 service address, and with IPv4 and IPv6, in thousands as
+    the docs say them ("about 37,000")."""
+    v4 = ceiling(TYPICAL_ADDRESSES[:1], TYPICAL_NAME_LENGTH)
+    dual = ceiling(TYPICAL_ADDRESSES, TYPICAL_NAME_LENGTH)
+    return v4 // 1000 * 1000, dual // 1000 * 1000
 
 
 def corefile_blocks(shards: int, path: str = "/etc/edge-shard-{k}/tunnel-nodes") -> str:

@@ -39,6 +39,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from raven.errors import ConfigError
 from raven.layer3.policy import Policy, PolicyError
 from raven.layer3.tun import DEFAULT_BATCH, DEFAULT_DEVICE, MAX_BATCH, valid_device_name
+from raven.unknownkeys import EXTRA, unknown_setting
 
 # ---------------------------------------------------------------- the MTU arithmetic (see the docstring)
 
@@ -295,6 +296,8 @@ def parse(model: type[M], data: Any, where: str = "layer3") -> M:
         for e in err.errors():
             loc = ".".join(str(p) for p in (where, *e["loc"]))
             msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] == EXTRA:  # a typo: the section and the nearest setting, not pydantic's "Extra inputs"
+                msg = unknown_setting(model, e["loc"], (where,))
             named = _NAMED.match(msg)
             if named:  # a model-level message names its field first: "cidrs: ..."
                 loc, msg = f"{loc}.{named[1]}", named[2]

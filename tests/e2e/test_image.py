@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 IMAGE = f"localhost/raven-tunnel:{__version__}-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 CONF = Path("/tmp/raven-podman/containers.conf")  # written by scripts/image.sh (ulimits, runc)
 SIZE_GOAL = 150 * 1000 * 1000
+SIZE_TOLERANCE = 2 * 1000 * 1000  # how far docs/image.md's size may be from a build's
 # The user a pod's securityContext gives it, and what an admission policy asks of every container.
 LOCKED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", "65532:65532"]
 
@@ -145,7 +146,28 @@ def test_image_size_meets_its_goal_and_is_written_down(image: str) -> None:
     doc = (ROOT / "docs/image.md").read_text()
     m = re.search(r"image size: \*\*(\d+(?:\.\d+)?) MB\*\*", doc)
     assert m is not None, "docs/image.md does not state the image size"
-    assert float(m.group(1)) <= SIZE_GOAL / 1e6
+    # The dependencies' wheels are the newest pyproject.toml allows, so the size drifts a little between builds.
+    assert abs(float(m.group(1)) * 1e6 - size) <= SIZE_TOLERANCE, (
+        f"docs/image.md says {m.group(1)} MB; this build is {size / 1e6:.1f} MB ({size:,} bytes): update it")
+
+
+def test_the_docs_run_block_works_as_written(image: str) -> None:
+    """docs/image.md's "Run it" block, run as written (from a shell without CONTAINERS_CONF), prints what the block
+    says it prints; only the tag is this test's (the image built from this tree)."""
+    doc = (ROOT / "docs/image.md").read_text()
+    block = doc.split("<!-- run: tests/e2e/test_image.py", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    command = "\n".join(line for line in block.splitlines() if not line.startswith("#"))
+    printed = [line.removeprefix("# ") for line in block.splitlines() if line.startswith("# ")]
+    default_tag = f"localhost/raven-tunnel:{__version__}"  # what scripts/image.sh tags by default
+    assert default_tag in command, f"docs/image.md runs another image than {default_tag}"
+    command = command.replace(default_tag, image)
+    if os.geteuid() == 0 and shutil.which("sudo") is None:
+        command = re.sub(r"^sudo ", "", command)  # root already; this machine has no sudo
+    env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_CONF"}
+    ran = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=env,
+                         stdin=subprocess.DEVNULL)
+    assert ran.returncode == 0, f"{command}\n-> {ran.returncode}: {ran.stderr[-2000:]}"
+    assert ran.stdout.splitlines() == printed == [describe()]
 
 
 def test_layer3_needs_net_admin_and_nothing_more(image: str) -> None:

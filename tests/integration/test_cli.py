@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import socket
 import subprocess
@@ -16,6 +18,7 @@ from raven import pki
 from raven.cli import main
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import ConfigError
+from raven.version import describe
 from tests.support.paths import ROOT
 
 
@@ -177,3 +180,89 @@ def test_tool_commands_tell_a_dead_server_from_a_wrong_command_line() -> None:
     assert out.returncode == 1
     assert "no answer from the server in time" in out.stdout
     assert f"the DNS server {server} did not answer" in out.stdout and "CoreDNS" not in out.stdout
+
+
+@pytest.mark.parametrize("service", ["gateway", "agent"])
+def test_each_service_answers_version(service: str) -> None:
+    """`raven gateway --version` (what a container's args make of `--version`) answers as `raven --version`."""
+    out = run(service, "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == describe() == run("--version").stdout.strip()
+
+
+def test_an_unknown_setting_names_its_section_and_the_setting_meant(certs: Path) -> None:
+    path = certs / "agent.yaml"
+    path.write_text(
+        "pool: pool-a\ntls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\nlog_levle: debug\n"
+        "limits: {heartbeat_timout: 30}\nnodes: [{name: edge-1, adress: 10.0.0.1}]\n"
+        "layer3: {mtuu: 1400}\nzzzz: 1\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        build(AgentConfig, path, environ={})
+    text = str(info.value)
+    assert "Extra inputs" not in text
+    assert "  log_levle: unknown setting 'log_levle' at the top level; did you mean 'log_level'?" in text
+    assert ("  limits.heartbeat_timout: unknown setting 'heartbeat_timout' in section 'limits'; "
+            "did you mean 'heartbeat_timeout'?") in text
+    assert "  nodes.0.adress: unknown setting 'adress' in section 'nodes.0'; did you mean 'address'?" in text
+    assert "  layer3.mtuu: unknown setting 'mtuu' in section 'layer3'; did you mean 'mtu'?" in text
+    # Nothing near: the section's settings are listed instead.
+    assert re.search(r"  zzzz: unknown setting 'zzzz' at the top level; the settings there: name, pool, ", text)
+    # A layer-3 section parsed on its own (raven routes) says the same.
+    from raven.layer3.config import RoutesLayer3, parse
+    with pytest.raises(ConfigError) as info:
+        parse(RoutesLayer3, {"gateway": "10.0.0.1", "cidrs": ["10.1.0.0/16"], "intervall": 5}, "routes")
+    assert "  routes.intervall: unknown setting 'intervall' in section 'routes'; did you mean 'interval'?" in str(
+        info.value)
+
+
+def test_a_copied_example_reports_the_files_its_relative_paths_name(tmp_path: Path) -> None:
+    """deploy/examples/local/ names certs/dev/ relative to its own folder; copied elsewhere, a missing file is
+    reported as the one file it names (absolute, normalised), not as '<folder>/../../../certs/dev/...'."""
+    folder = tmp_path / "copied"
+    folder.mkdir()
+    (folder / "gateway.yaml").write_text((ROOT / "deploy/examples/local/gateway.yaml").read_text())
+    with pytest.raises(ConfigError) as info:
+        build(GatewayConfig, folder / "gateway.yaml", environ={})
+    meant = os.path.normpath(folder / "../../../certs/dev/raven-gateway.pem")
+    assert f"tls: cert: file '{meant}' does not exist" in str(info.value), info.value
+    assert "/../" not in str(info.value)
+    # A file named in a flag is relative to the working folder, and reported the same way.
+    out = subprocess.run([sys.executable, "-m", "raven.cli", "agent", "--cert", "x/../nope.pem", "--key", "k.pem",
+                          "--ca", "ca.pem"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("RAVEN_")})
+    assert out.returncode == 2
+    assert f"tls: cert: file '{tmp_path / 'nope.pem'}' does not exist" in out.stderr, out.stderr
+
+
+def test_environment_variables_that_name_no_setting_are_ignored_and_a_nested_typo_is_refused(
+        certs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """As the README says: a RAVEN_* variable whose first part names no setting is not configuration (RAVEN_NO_UVLOOP,
+    a Kubernetes Service's variables) and is ignored, with a warning when it is near a setting's name; one that names
+    a section but no setting in it is refused like a typo in the file, naming the variable."""
+    path = certs / "agent.yaml"
+    path.write_text("pool: pool-a\ntls: {cert: a1.pem, key: a1-key.pem, ca: ca.pem}\n")
+    ignored = {"RAVEN_NO_UVLOOP": "1", "RAVEN_GATEWAY_SERVICE_HOST": "10.96.0.7", "RAVEN_LOG_LEVL": "debug"}
+    with caplog.at_level(logging.WARNING, "raven.config"):
+        cfg = build(AgentConfig, path, environ={**ignored, "RAVEN_LIMITS__HEARTBEAT_TIMEOUT": "30"})
+    assert cfg.limits.heartbeat_timeout == 30 and cfg.log_level == "info"
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == ["environment variable RAVEN_LOG_LEVL names no setting and is ignored; "
+                      "did you mean RAVEN_LOG_LEVEL?"], warned
+    with pytest.raises(ConfigError) as info:
+        build(AgentConfig, path, environ={**ignored, "RAVEN_LIMITS__HEARTBEAT_TIMOUT": "30"})
+    assert ("  limits.heartbeat_timout: unknown setting 'heartbeat_timout' in section 'limits'; did you mean "
+            "'heartbeat_timeout'? (set by RAVEN_LIMITS__HEARTBEAT_TIMOUT)") in str(info.value), info.value
+    readme = (ROOT / "README.md").read_text()
+    assert "a variable whose first part names no setting is ignored" in " ".join(readme.split())
+
+
+def test_the_readmes_invalid_configuration_example_is_what_raven_prints(certs: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```\nraven gateway: invalid configuration (gw.yaml):\n", 1)[1].split("```", 1)[0]
+    path = certs / "gw.yaml"
+    path.write_text("front: {listen: nowhere, allowed_port: [9400]}\n"
+                    "tls: {cert: gw.pem, key: gw-key.pem, ca: ca.pem}\n")
+    with pytest.raises(ConfigError) as info:
+        build(GatewayConfig, path, environ={})
+    assert str(info.value) == f"invalid configuration ({path}):\n" + block.rstrip("\n")

@@ -50,7 +50,7 @@ def errors(model: type, data: object) -> str:
     (GatewayLayer3, {"mtu": 1000, "cloud_cidrs": ["fd00::/8"]}, "layer3.mtu: 1000 is below 1280"),
     (GatewayLayer3, {"addresses": ["10.1.0.1/24"], "pools": {"a": {"cidrs": ["10.1.0.0/16"]}}},
      "layer3.addresses: 10.1.0.1/24 lies in pool a's CIDRs"),
-    (GatewayLayer3, {"colour": "blue"}, "layer3.colour: Extra inputs are not permitted"),
+    (GatewayLayer3, {"colour": "blue"}, "layer3.colour: unknown setting 'colour' in section 'layer3'"),
     (AgentLayer3, {"device": "much-too-long-name"}, "layer3.device: 'much-too-long-name' is not a valid device"),
     (AgentLayer3, {"enabled": True, "addresses": ["10.1.0.1/24"]}, "layer3.cidrs: layer 3 is enabled but"),
     (AgentLayer3, {"cidrs": ["10.1.0.0/16", "10.1.0.0/16"]}, "layer3.cidrs: 10.1.0.0/16 is listed twice"),
