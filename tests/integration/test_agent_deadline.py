@@ -2,8 +2,8 @@
 
 A node answers each request only after ``HOLD`` seconds and the agent has one upstream slot for it. Two
 streams arrive together with a deadline of ``DEADLINE`` seconds: the first takes the slot, the second waits
-``HOLD`` for it and would then wait ``HOLD`` again for its answer. ``HOLD`` < ``DEADLINE`` < 2 × ``HOLD``:
-with a fresh timer per wait the second stream would answer after about 2 × ``HOLD``; with one deadline it is
+``HOLD`` for it and would then wait ``HOLD`` again for its answer. ``HOLD`` < ``DEADLINE`` < 2 * ``HOLD``:
+with a fresh timer per wait the second stream would answer after about 2 * ``HOLD``; with one deadline it is
 reset (TIMEOUT) within ``DEADLINE``.
 """
 
