@@ -30,9 +30,10 @@ class Request:
     url: URL  # built from the inventory address, the allowed port and the checked target
     address: str
     headers: wire.Headers  # without Raven's own and without framing headers
-    timeout: float  # the gateway's deadline (never longer than the agent's own)
+    timeout: float  # the gateway's deadline (never longer than the agent's own), in seconds from the OPEN
     client: str  # fairness key ("-" when the gateway sent none)
     uplink_free: bool = False  # the gateway says the pool's uplink is free: no gzip under compress "auto"
+    deadline: float = 0.0  # when ``timeout`` ends, on the clock whose ``now`` the OPEN was checked at
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +44,12 @@ class Policy:
     default_timeout: float
 
 
-def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request:
-    """Check one OPEN against the agent's own inventory address and policy; raise :class:`Refusal`."""
+def check_open(frame: wire.Open, address: str | None, policy: Policy, now: float = 0.0) -> Request:
+    """Check one OPEN against the agent's own inventory address and policy; raise :class:`Refusal`.
+
+    ``now`` is the caller's clock when the OPEN arrived (the forwarder passes its loop's): the request's
+    ``deadline`` is counted from it once, and every wait of the agent for this request spends the same budget.
+    """
     node = frame.node
     if address is None:
         raise Refusal(Reason.AGENT_NODE, f"node {node!r} is not served by this agent")
@@ -63,7 +68,8 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
         timeout = min(timeout, max(0.001, terms.deadline_ms / 1000))
     client = terms.client or "-"
     if frame.kind == wire.StreamKind.TCP:
-        return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (), timeout, client)
+        return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (), timeout, client,
+                       deadline=now + timeout)
     target = frame.target
     if len(target) > MAX_TARGET:
         raise Refusal(Reason.AGENT_TARGET, f"request target of {len(target)} characters (limit {MAX_TARGET})")
@@ -78,4 +84,5 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
         raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} would leave node {node!r}")
     # Headers from the gateway that never reach the node: hop-by-hop ones, Raven's own (raven.protocol's one filter)
     # and the framing (the agent's HTTP client frames the body it sends itself; a gateway must not choose it).
-    return Request(url, address, filter_headers(frame.headers, FRAMING), timeout, client, terms.uplink_free)
+    return Request(url, address, filter_headers(frame.headers, FRAMING), timeout, client, terms.uplink_free,
+                   now + timeout)

@@ -126,13 +126,13 @@ class Forwarder:
         if self.draining():
             self._refuse(stream, Refusal(Reason.AGENT_DRAINING, "agent is draining"))
             return
+        loop = asyncio.get_running_loop()
         try:
-            req = check_open(frame, self.nodes().get(frame.node), self.policy)
+            req = check_open(frame, self.nodes().get(frame.node), self.policy, loop.time())
         except Refusal as refused:
             self._refuse(stream, refused)
             return
         serve = self._serve_http if frame.kind == wire.StreamKind.HTTP else self._serve_tcp
-        loop = asyncio.get_running_loop()
         task = loop.create_task(self._in_slot(stream, req, serve))
         self.tasks.add(task)
         self.idle.clear()
@@ -180,7 +180,7 @@ class Forwarder:
         try:
             try:
                 if not slots.try_acquire(req.client):  # the common case takes a free slot without a timer
-                    async with asyncio.timeout(req.timeout):
+                    async with asyncio.timeout_at(req.deadline):
                         await slots.acquire(req.client, gone=lambda: stream.finished)
             except Abandoned:
                 self._gone(stream)  # reset while it waited: dropped from the queue, never dialled
@@ -244,7 +244,9 @@ class Forwarder:
         code = "error"
         resp: Response | None = None
         try:
-            async with asyncio.timeout(req.timeout):
+            # The deadline the slot wait already spent from, not a fresh one: the agent answers within the
+            # gateway's budget however long the request queued for its node.
+            async with asyncio.timeout_at(req.deadline):
                 try:
                     resp = await self._upstream.request(
                         req.address,
