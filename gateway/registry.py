@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from raven.dns.names import NameRule
 from raven.lograte import RateLimitedLog
@@ -66,6 +67,30 @@ class NodeEntry:
     # The node as last registered: the agents of a pool register the same nodes, and equal registrations
     # share this one object (and its strings) in their sessions' last_register.
     info: wire.NodeInfo | None = None
+
+
+class NodeView(NamedTuple):
+    """One node as the views (/sd, /status, /nodes) show it: an immutable copy, rebuilt only when it changes, that
+    a worker thread may read while the event loop goes on changing the registry."""
+
+    name: str
+    pool: str
+    address: str
+    agents: tuple[str, ...]  # sorted; empty: no session holds it now
+    released_at: float | None  # time.monotonic() when its last session left
+
+
+class RefusedClaim(NamedTuple):
+    """A node an agent's latest registration listed and the gateway refused (the status page lists it)."""
+
+    name: str
+    pool: str
+    agent: str
+    reason: str
+    at: float  # wall clock
+
+
+MAX_REFUSED_KEPT = 1000  # refused claims kept for the status page; the rest are counted
 
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")  # IPv4, IPv6 (with a zone) or a host name
@@ -122,6 +147,12 @@ class Registry:
         # In Kubernetes, the Node objects say which pool a node is in: name -> pool, or None until synced.
         self.authority: dict[str, str | None] | None = None
         self._turn = 0
+        # The views' copy of every node (see node_views): replaced, never changed, once handed out.
+        self.version = 0
+        self._views: dict[str, NodeView] = {}
+        self._stale: set[str] = set()  # nodes changed since the views' copy was made
+        self.refused: dict[str, RefusedClaim] = {}  # latest registrations' refused nodes, MAX_REFUSED_KEPT at most
+        self.refused_dropped = 0  # refused claims not kept (over MAX_REFUSED_KEPT)
 
     # ------------------------------------------------------------ sessions
 
@@ -150,6 +181,8 @@ class Registry:
             # Already replaced: its claims were dropped when the newer one arrived.
             return False
         self._drop_claims(s)
+        if not any(x.agent == s.agent for x in self.sessions.values()):
+            self._drop_refused(s.agent)
         self._changed()
         return True
 
@@ -164,6 +197,7 @@ class Registry:
         entry = self.nodes.get(name)
         if entry is not None and s in entry.sessions:
             entry.sessions.remove(s)
+            self._stale.add(name)
             if not entry.sessions:
                 if withdrawn:
                     self._forget(entry, s.agent)
@@ -172,6 +206,7 @@ class Registry:
 
     def _forget(self, entry: NodeEntry, by: str) -> None:
         del self.nodes[entry.name]
+        self._stale.add(entry.name)
         self.hosts_bytes -= self.hosts_cost(entry.name)
         names = self.pool_nodes.get(entry.pool)
         if names is not None:
@@ -196,6 +231,7 @@ class Registry:
         # What the same agent identity holds through its other sessions counts against its cap too.
         held = set().union(*(x.nodes for x in self.sessions.values() if x.agent == s.agent and x is not s))
         new_names = 0  # names this registration adds to the registry (for the total cap and hosts budget)
+        self._drop_refused(s.agent)  # this registration is the agent's whole list: its refusals are said again
         new_bytes = 0
         for info in s.last_register:
             refusal = self._refusal(s, info)
@@ -219,6 +255,7 @@ class Registry:
                     new_names += 1
             if refusal is not None:
                 refused.append((info.name, refusal))
+                self._keep_refused(RefusedClaim(info.name[:253], info.pool[:63], s.agent, refusal.text, time.time()))
                 # One line per agent a minute, with a count of the rest: churn cannot grow the log.
                 self._log.warning(s.agent, "refused", "refused registration of node %r (pool %r) from agent %s: %s",
                                   info.name[:253], info.pool[:63], s.agent, refusal.text)
@@ -247,17 +284,23 @@ class Registry:
                     self.hosts_bytes += self.hosts_cost(name)
                 entry = NodeEntry(name, info.address, info.pool)
                 self.nodes[name] = entry
+                self._stale.add(name)
                 self.pool_nodes.setdefault(info.pool, set()).add(name)
-            entry.address = info.address
+            if entry.address != info.address:
+                entry.address = info.address
+                self._stale.add(name)
             if entry.info == info:
                 shared[id(info)] = entry.info
             else:
                 entry.info = info
-            entry.released_at = None
+            if entry.released_at is not None:
+                entry.released_at = None
+                self._stale.add(name)
             if s.agent not in entry.listed_by:
                 entry.listed_by += (s.agent,)
             if s not in entry.sessions:
                 entry.sessions.append(s)
+                self._stale.add(name)
             s.nodes.add(name)
             accepted.append(name)
         # A registration is this agent's complete list. A node is forgotten (it left its pool) once no
@@ -332,6 +375,39 @@ class Registry:
             return []
         self.authority = authority
         return [(s, *self.register(s, s.last_register)) for s in list(self.sessions.values())]
+
+    def _keep_refused(self, claim: RefusedClaim) -> None:
+        if claim.name in self.refused or len(self.refused) < MAX_REFUSED_KEPT:
+            self.refused[claim.name] = claim
+        else:
+            self.refused_dropped += 1
+
+    def _drop_refused(self, agent: str) -> None:
+        """Forget an agent's refused claims (it registers anew, or its last session left)."""
+        mine = [name for name, claim in self.refused.items() if claim.agent == agent]
+        for name in mine:
+            del self.refused[name]
+        if not self.refused:
+            self.refused_dropped = 0
+
+    def node_views(self) -> tuple[int, dict[str, NodeView]]:
+        """(version, name -> :class:`NodeView`) of every registered node. The mapping is a copy that nothing
+        changes once handed out (a worker thread may read it); only the nodes changed since the last call are
+        rebuilt, so a read when nothing changed costs nothing, and a registration that changes nothing too.
+        The version goes up whenever the mapping is another."""
+        if self._stale:
+            views = dict(self._views)
+            for name in self._stale:
+                e = self.nodes.get(name)
+                if e is None:
+                    views.pop(name, None)
+                else:
+                    views[name] = NodeView(e.name, e.pool, e.address, tuple(sorted({x.agent for x in e.sessions})),
+                                           e.released_at)
+            self._stale.clear()
+            self._views = views
+            self.version += 1
+        return self.version, self._views
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -251,7 +251,7 @@ def cmd_hosts_render(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from gateway.status import render_text
+    from gateway.statuspage import render_text
 
     async def main() -> int:
         snap = await _ops_json(args.gateway, "/status", args.token_file, args.timeout)

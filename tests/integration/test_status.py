@@ -78,8 +78,9 @@ async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tm
         assert row[1:5] == ["tunnel", agent, __version__, str(wire.PROTOCOL_VERSION)], row
     line = next(x for x in text.splitlines() if x.startswith("st-b-1"))
     assert "pool-b" in line and "502" in line and "cannot connect to node st-b-1" in line
-    # columns: NODE POOL REACH AGENTS LAST
-    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[4] == "200"
+    # columns: NODE POOL STATE REACH AGENTS LAST
+    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[2:6] == [
+        "ok", "tunnel", "agent-pool-a-1,agent-pool-a-2", "200"]
     as_json = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token),
                                       "-o", "json")
     snap = json.loads(as_json.stdout)
