@@ -191,12 +191,12 @@ class Pools:
                 reach = self.reach(kube.pool)
                 if reach != "tunnel":
                     out[kube.name] = DirectNode(kube.name, kube.pool, reach, kube.internal_ip)
+        reaches: dict[str, Reach] = {}  # per pool, looked up once: there are 10,000 nodes and a few pools
         for entry in registered:
-            if entry.name not in out:
-                reach = self.reach(entry.pool)
-                if reach != "tunnel":
-                    out[entry.name] = DirectNode(entry.name, entry.pool, reach,
-                                                 entry.address if _is_ip(entry.address) else None)
+            reach = reaches.get(entry.pool) or reaches.setdefault(entry.pool, self.reach(entry.pool))
+            if reach != "tunnel" and entry.name not in out:
+                out[entry.name] = DirectNode(entry.name, entry.pool, reach,
+                                             entry.address if _is_ip(entry.address) else None)
         return [out[name] for name in sorted(out)]
 
     def hosts_entries(self, registered: Iterable[Registered]) -> dict[str, str]:

@@ -397,13 +397,16 @@ class Registry:
         The version goes up whenever the mapping is another."""
         if self._stale:
             views = dict(self._views)
+            make = tuple.__new__  # NodeView(...) without its Python-level __new__: this runs per changed node
             for name in self._stale:
                 e = self.nodes.get(name)
                 if e is None:
                     views.pop(name, None)
-                else:
-                    views[name] = NodeView(e.name, e.pool, e.address, tuple(sorted({x.agent for x in e.sessions})),
-                                           e.released_at)
+                    continue
+                sessions = e.sessions
+                agents = ((sessions[0].agent,) if len(sessions) == 1 else
+                          tuple(sorted({x.agent for x in sessions})) if sessions else ())
+                views[name] = make(NodeView, (e.name, e.pool, e.address, agents, e.released_at))
             self._stale.clear()
             self._views = views
             self.version += 1

@@ -49,7 +49,7 @@ def _link(params: list[tuple[str, str]], **change: Any) -> str:
         if value is None:
             continue
         keep += [(key, str(v)) for v in value] if isinstance(value, list) else [(key, str(value))]
-    return _e("?" + urlencode(keep)) if keep else "?"
+    return f'"{_e("?" + urlencode(keep))}"' if keep else '"?"'
 
 
 def _params(snap: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -147,7 +147,7 @@ def _filters(snap: Mapping[str, Any], params: list[tuple[str, str]]) -> str:
     scope = (f"pool {_e(', '.join(f['pool']))} &middot; " if f.get("pool") else "") + (
         f"name has {_e(f['q'])!s} &middot; " if f.get("q") else "")
     return (f"<form method=get class=filters>{pools}{states}<input name=q placeholder=\"node name (a part)\" "
-            f"value=\"{_e(f.get('q', ''))}\" size=24> <button>find</button> <a href=?>all nodes</a></form>"
+            f"value=\"{_e(f.get('q', ''))}\" size=24> <button>find</button> <a href='?'>all nodes</a></form>"
             f"<div>{scope}by state: {links}</div>")
 
 
