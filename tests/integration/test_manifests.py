@@ -613,7 +613,8 @@ def test_prometheus_scrape_config(tmp_path: Path) -> None:
             rules = job["relabel_configs"]
             (named,) = [i for i, r in enumerate(rules) if r.get("target_label") == "node"]
             assert rules[named]["source_labels"] == ["__address__"] and named < rules.index(keep)
-            assert re.fullmatch(rules[named]["regex"], "edge-gpu-7.site-a:9400").group(1) == "edge-gpu-7.site-a"
+            name = re.fullmatch(rules[named]["regex"], "edge-gpu-7.site-a:9400")
+            assert name is not None and name.group(1) == "edge-gpu-7.site-a"
         for label in ("node", "pool", "__address__", "job", "instance"):
             assert re.fullmatch(keep["regex"], label), f"{job['job_name']} drops {label}"
         port_filter = next(r for r in job["relabel_configs"] if r.get("source_labels") == ["port"])
