@@ -186,14 +186,17 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
         if not ((wanted_pools and d.pool not in wanted_pools) or (q and q not in d.name)):
             found["direct"].append((d.name, d, None))
     for claim in inp.refused.values():
-        pool(claim.pool)["refused"] += 1
+        if claim.pool in out:  # a pool no node is in (the agent may not serve it) gets no row of its own
+            out[claim.pool]["refused"] += 1
         if not ((wanted_pools and claim.pool not in wanted_pools) or (q and q not in claim.name.lower())):
             found["refused"].append((claim.name, claim, None))
     counts = {state: len(found[state]) for state in STATES}
 
     def row(state: str, item: Any, result: NodeResult | None) -> dict[str, Any]:
         if state == "refused":
-            return {"name": item.name, "pool": item.pool, "reach": out[item.pool]["reach"], "state": state,
+            known = out.get(item.pool)
+            reach = known["reach"] if known else inp.pools.reach(item.pool) if inp.pools else "tunnel"
+            return {"name": item.name, "pool": item.pool, "reach": reach, "state": state,
                     "agents": [item.agent], "last": None, "refused": {
                         "agent": item.agent, "reason": item.reason, "seconds_ago": round(max(0.0, now - item.at), 1)}}
         if state == "direct":

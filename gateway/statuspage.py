@@ -169,7 +169,7 @@ tr.ok td:first-child {{ border-left: 4px solid #2a2; }} tr.warn td:first-child {
 tr.bad td:first-child {{ border-left: 4px solid #c22; }}
 tr.direct td:first-child {{ border-left: 4px solid #58c; }} div.bad, span.bad {{ color: #c22; }}
 a {{ color: #246; }} .filters {{ margin: .3em 0; }} .st-failing, .st-refused {{ color: #c22; }}
-.st-unreachable {{ color: #b70; }} .pager {{ margin: .5em 0; color: #555; }}
+.st-unreachable {{ color: #b70; }} .pager {{ margin: .5em 0; color: #555; }} td:first-child {{ white-space: nowrap; }}
 </style></head><body>
 <h1>Raven gateway {_e(snap['replica'])}</h1>
 <div class=dim>{_e(_gateway_release(snap))} &middot;

@@ -9,69 +9,16 @@ import json
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from gateway import discovery, status, views
-from gateway.pools import Pools
-from gateway.registry import MAX_REFUSED_KEPT, AgentSession, Registry
+from gateway.registry import MAX_REFUSED_KEPT
 from gateway.statuspage import render_html, render_text
 from raven.cli import commands
 from raven.protocol import wire
-from raven.protocol.state import SessionState
-from tests.unit.test_pools import gateway_config
-
-POOLS, PER_POOL = 10, 1000
-
-
-class FakeSession:
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.usable = True
-        self.state = SessionState.OPEN
-        self.core = SimpleNamespace(version=wire.PROTOCOL_VERSION)
-
-
-def agent(name: str, pool: str) -> AgentSession:
-    fake: Any = FakeSession()
-    return AgentSession(name, f"sid-{name}-0123456789", frozenset({pool}), fake, peer="192.0.2.1", release="0.9.0")
-
-
-def fleet(tmp_path: Path) -> tuple[Registry, Pools, dict[str, status.NodeResult], AgentSession]:
-    """10,000 nodes in 10 pools: 30 failing (pool-3), pool-9's agent gone (1,000 unreachable), 2 refused claims."""
-    reg = Registry(rebind_after=3600, max_nodes_per_agent=20_000)
-    last: dict[str, status.NodeResult] = {}
-    now = time.time()
-    gone = None
-    for p in range(POOLS):
-        a = agent(f"agent-{p}", f"pool-{p}")
-        reg.add_session(a)
-        names = [f"edge-gpu-{p}-{k}" for k in range(PER_POOL)]
-        infos = [wire.NodeInfo(n, "10.0.0.1", f"pool-{p}") for n in names]
-        if p == 4:
-            infos += [wire.NodeInfo("intruder-1", "10.0.0.1", "pool-x"), wire.NodeInfo("intruder-2", "10.0.0.1",
-                                                                                        "pool-y")]
-        reg.register(a, infos)
-        for k, n in enumerate(names):
-            last[n] = status.NodeResult(now - 5, "200", "")
-            if p == 3 and k < 30:
-                last[n] = status.NodeResult(now - 30 + k, "502", f"cannot connect to node {n}: refused")
-        if p == 9:
-            gone = a
-    assert gone is not None
-    reg.remove_session(gone)
-    return reg, Pools(gateway_config(tmp_path)), last, gone
-
-
-def inp_of(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> status.StatusInput:
-    _, node_views = reg.node_views()
-    sessions = [{"pool": p, "agent": s.agent, "session": s.session_id[:8], "peer": s.peer, "age_seconds": 60.0,
-                 "streams": 0, "draining": False, "nodes": len(s.nodes), "version": s.release, "protocol": 3}
-                for s in reg.sessions.values() for p in sorted(s.pools)]
-    return status.StatusInput("gw-1", 2, time.time() - 3600, (True, "ok"), False, node_views, last, sessions, pools,
-                              dict(reg.refused), reg.refused_dropped)
+from tests.support.fleetviews import PER_POOL, POOLS, agent, fake_gateway, fleet, inp_of
 
 
 def test_the_default_status_at_10000_nodes_is_a_summary_and_the_nodes_that_need_attention(tmp_path: Path) -> None:
@@ -93,7 +40,8 @@ def test_the_default_status_at_10000_nodes_is_a_summary_and_the_nodes_that_need_
     assert "cannot connect to node edge-gpu-3-29" in by_pool["pool-3"]["last_error"]["reason"]
     assert (by_pool["pool-9"]["reachable"], by_pool["pool-9"]["nodes"], by_pool["pool-9"]["agents"]) == (0, 1000, [])
     assert by_pool["pool-0"]["agents"][0]["agent"] == "agent-0" and by_pool["pool-0"]["reachable"] == 1000
-    assert by_pool["pool-x"]["refused"] == 1  # a refused claim shows under the pool it asked for
+    assert by_pool["pool-0"]["refused"] == 1  # a refused claim shows under the pool it asked for...
+    assert "pool-y" not in by_pool  # ... without a row for a pool that no node is in
     text = page.decode()
     assert "9952 more" in text and "offset=50" in text and "edge-gpu-3-29" in text
     assert "no agent connected" in text  # pool-9
@@ -114,7 +62,7 @@ def test_filters_and_pages(tmp_path: Path) -> None:
     refused = ask(state="refused")
     assert [(n["name"], n["refused"]["agent"]) for n in refused["nodes"]] == [("intruder-1", "agent-4"),
                                                                              ("intruder-2", "agent-4")]
-    assert "pool-x" in refused["nodes"][0]["refused"]["reason"] and refused["matched"] == 2
+    assert "pool-0" in refused["nodes"][0]["refused"]["reason"] and refused["matched"] == 2
     one_pool = ask(pool="pool-3", state=["failing", "ok"], limit=1000)
     assert one_pool["matched"] == 1000 and {n["pool"] for n in one_pool["nodes"]} == {"pool-3"}
     assert one_pool["states"]["unreachable"] == 0 and one_pool["states"]["failing"] == 30  # counts within the pool
@@ -196,13 +144,6 @@ def test_sd_grouped_sends_each_target_once_with_the_labels_its_group_shares(tmp_
         assert labels[g["targets"][0]] == want
     assert {g["labels"]["__meta_raven_connected"] for g in grouped if g["labels"]["pool"] == "pool-9"} == {"false"}
     assert expires < float("inf")  # pool-9's nodes leave at their rebind deadline: the page says until when
-
-
-def fake_gateway(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> Any:
-    cfg = SimpleNamespace(replica_id="gw-1", replicas=1, hosts=SimpleNamespace(service_addresses=["10.96.0.10"]))
-    return SimpleNamespace(registry=reg, pools=pools, proxy=SimpleNamespace(last=last), cfg=cfg, started_wall=0.0,
-                           ready=lambda: (True, "ok"), tunnel=SimpleNamespace(draining=False), layer3=None,
-                           kube_synced=True)
 
 
 async def test_views_render_off_the_event_loop_and_are_kept_while_nothing_changes(
