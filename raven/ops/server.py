@@ -36,9 +36,6 @@ class MetricsPage:
     async def page(self) -> Page:
         return await self._pages.get("metrics", lambda: self._build)
 
-    async def render(self) -> bytes:
-        return (await self.page()).body
-
 
 async def start_ops_server(
     listen: str,

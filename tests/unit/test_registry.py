@@ -66,12 +66,12 @@ def test_reregistration_replaces_the_node_set() -> None:
     reg.add_session(a)
     reg.register(a, [node("edge-1", "pool-a"), node("edge-2", "pool-a")])
     reg.register(a, [node("edge-2", "pool-a")])
-    assert [e.name for e in reg.reachable_nodes()] == ["edge-2"]
+    assert [e.name for e in reg.reachable_nodes()] == ["edge-2"] and reg.reachable_count() == 1
     # A withdrawn node is forgotten; a node whose agent merely disconnected is still known.
     assert [e.name for e in reg.known_nodes()] == ["edge-2"]
     reg.remove_session(a)
     assert [e.name for e in reg.known_nodes()] == ["edge-2"]
-    assert reg.reachable_nodes() == []
+    assert reg.reachable_nodes() == [] and reg.reachable_count() == 0  # the count follows the change
 
 
 def test_select_prefers_usable_and_least_loaded() -> None:
