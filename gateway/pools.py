@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -179,7 +179,7 @@ class Pools:
         raise Refusal(Reason.DIRECT_POOL, f"node {node!r} of pool {pool!r} is reached {way} (reach: {reach}): "
                       "scrape it without the proxy", node=node, pool=pool)
 
-    def direct_nodes(self, registered: Iterable[Registered]) -> list[DirectNode]:
+    def direct_nodes(self, registered: Collection[Registered]) -> list[DirectNode]:
         """Every known node of a pool that is not reached through the tunnel, sorted by name."""
         out: dict[str, DirectNode] = {}
         for name, (pool, address) in self.static.items():
@@ -191,15 +191,17 @@ class Pools:
                 reach = self.reach(kube.pool)
                 if reach != "tunnel":
                     out[kube.name] = DirectNode(kube.name, kube.pool, reach, kube.internal_ip)
-        reaches: dict[str, Reach] = {}  # per pool, looked up once: there are 10,000 nodes and a few pools
+        reaches = {pool: self.reach(pool) for pool in {e.pool for e in registered}}  # once per pool, not per node
+        if all(reach == "tunnel" for reach in reaches.values()):
+            registered = ()  # the usual case: no registered node is scraped directly, none needs a look
         for entry in registered:
-            reach = reaches.get(entry.pool) or reaches.setdefault(entry.pool, self.reach(entry.pool))
+            reach = reaches[entry.pool]
             if reach != "tunnel" and entry.name not in out:
                 out[entry.name] = DirectNode(entry.name, entry.pool, reach,
                                              entry.address if _is_ip(entry.address) else None)
         return [out[name] for name in sorted(out)]
 
-    def hosts_entries(self, registered: Iterable[Registered]) -> dict[str, str]:
+    def hosts_entries(self, registered: Collection[Registered]) -> dict[str, str]:
         """Name -> address lines for the hosts file (``hosts.direct: internal-ip``); empty with ``omit``."""
         if self.hosts_direct != "internal-ip":
             return {}
