@@ -39,7 +39,7 @@ def _json(value: Any) -> bytes:
 class Views:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.sd_pages = PageCache(max_age=KEEP, size=16)
+        self.sd_pages = PageCache(max_age=KEEP, size=8)  # per query: a Prometheus job asks one URL
         self.nodes_pages = PageCache(max_age=KEEP, size=2)
         self.hosts_pages = PageCache(max_age=KEEP, size=1)
         self.status_pages = PageCache(max_age=1.0, size=16)
@@ -54,7 +54,7 @@ class Views:
     async def sd(self, query: discovery.SdQuery) -> Page:
         reg = self.gw.registry
         version, pools_version, _, _ = self._versions()
-        key: Hashable = (version, pools_version, reg.rebind_after, query)
+        made_of: Hashable = (version, pools_version, reg.rebind_after)
 
         def snapshot() -> Render:
             _, _, views, pools = self._versions()
@@ -65,7 +65,7 @@ class Views:
                 return Built(Page.make(_json(groups), JSON), expires)
             return render
 
-        return await self.sd_pages.get(key, snapshot)
+        return await self.sd_pages.get(query, snapshot, made_of)
 
     # ------------------------------------------------------------ /nodes
 
@@ -73,7 +73,7 @@ class Views:
         cfg = self.gw.cfg
         version, pools_version, _, _ = self._versions()
         addresses = tuple(cfg.hosts.service_addresses)
-        key = (version, pools_version, addresses, cfg.replica_id)
+        made_of = (version, pools_version, addresses, cfg.replica_id)
 
         def snapshot() -> Render:
             _, _, views, pools = self._versions()
@@ -81,20 +81,20 @@ class Views:
             def render() -> Built:
                 reach = {p: pools.reach(p) for p in {v.pool for v in views.values()}}
                 return Built(Page.make(_json({
-                    "replica": key[3], "service_addresses": list(addresses),
+                    "replica": made_of[3], "service_addresses": list(addresses),
                     "nodes": [{"name": v.name, "pool": v.pool, "address": v.address, "reach": reach[v.pool],
                                "agents": list(v.agents)} for v in sorted(views.values(), key=lambda v: v.name)],
                 }), JSON))
             return render
 
-        return await self.nodes_pages.get(key, snapshot)
+        return await self.nodes_pages.get("nodes", snapshot, made_of)
 
     # ------------------------------------------------------------ /hosts
 
     async def hosts(self) -> Page:
         pub = self.gw.hosts
         version, pools_version, _, _ = self._versions()
-        key = (version, pools_version, tuple(pub.addresses), id(self.gw.registry.names), self.gw.kube_synced)
+        made_of = (version, pools_version, tuple(pub.addresses), id(self.gw.registry.names), self.gw.kube_synced)
 
         def snapshot() -> Render:
             snap = pub.snapshot()  # the publisher's own: names and direct entries copied on the loop
@@ -104,7 +104,7 @@ class Views:
                 return Built(Page.make(contents[0].encode(), TEXT))
             return render
 
-        return await self.hosts_pages.get(key, snapshot)
+        return await self.hosts_pages.get("hosts", snapshot, made_of)
 
     # ------------------------------------------------------------ /status, /status.html
 

@@ -63,52 +63,54 @@ class PageCache:
     ``max_age``: seconds a page is served after it was made (0: only shared while it is being made, as /metrics).
     ``size``: pages kept (least recently used dropped) and renders under way at once, at most; a reader asking
     for yet another while ``size`` are being made is refused (:class:`Busy`) rather than queueing threads.
+    A page is kept per ``key`` (what was asked) with the ``version`` of what it was made from: a page of another
+    version replaces it, so that a fleet's churn does not fill the cache with pages nobody will ask for again.
     """
 
     def __init__(self, max_age: float = 0.0, size: int = 8) -> None:
         self.max_age = max_age
         self.size = size
-        self._done: OrderedDict[Hashable, tuple[Built, float]] = OrderedDict()  # key -> (built, made at)
-        self._pending: dict[Hashable, asyncio.Future[Built]] = {}
+        self._done: OrderedDict[Hashable, tuple[Built, float, Hashable]] = OrderedDict()  # key -> (built, at, version)
+        self._pending: dict[tuple[Hashable, Hashable], asyncio.Future[Built]] = {}  # (key, version) -> render
         self.renders = 0  # how many renders ran (tests and benchmarks read it)
 
-    def cached(self, key: Hashable, now: float | None = None) -> Page | None:
-        """The page kept under ``key`` if it still holds."""
+    def cached(self, key: Hashable, version: Hashable = None, now: float | None = None) -> Page | None:
+        """The page kept under ``key`` if it is of ``version`` and still holds."""
         hit = self._done.get(key)
         if hit is None:
             return None
-        built, made = hit
+        built, made, made_of = hit
         now = time.monotonic() if now is None else now
-        if self.max_age <= 0 or now >= built.expires or now - made >= self.max_age:
+        if self.max_age <= 0 or made_of != version or now >= built.expires or now - made >= self.max_age:
             return None
         self._done.move_to_end(key)
         return built.page
 
-    async def get(self, key: Hashable, snapshot: Callable[[], Render]) -> Page:
-        """The page for ``key``: kept, being made (shared), or made now from ``snapshot()`` (called on the loop;
-        it returns the render to run in a worker thread)."""
-        page = self.cached(key)
+    async def get(self, key: Hashable, snapshot: Callable[[], Render], version: Hashable = None) -> Page:
+        """The page for ``key`` made of ``version``: kept, being made (shared), or made now from ``snapshot()``
+        (called on the loop; it returns the render to run in a worker thread)."""
+        page = self.cached(key, version)
         if page is not None:
             return page
-        pending = self._pending.get(key)
+        pending = self._pending.get((key, version))
         if pending is None:
             if len(self._pending) >= self.size:
                 raise Busy(f"{len(self._pending)} pages are being made already")
             render = snapshot()
             pending = asyncio.ensure_future(asyncio.to_thread(render))
             pending.add_done_callback(retrieve_exception)  # even when no reader waits for it any more
-            pending.add_done_callback(lambda fut: self._finished(key, fut))
-            self._pending[key] = pending
+            pending.add_done_callback(lambda fut: self._finished(key, version, fut))
+            self._pending[key, version] = pending
             self.renders += 1
         built = await asyncio.shield(pending)
         return built.page
 
-    def _finished(self, key: Hashable, fut: asyncio.Future[Built]) -> None:
-        if self._pending.get(key) is fut:
-            del self._pending[key]
+    def _finished(self, key: Hashable, version: Hashable, fut: asyncio.Future[Built]) -> None:
+        if self._pending.get((key, version)) is fut:
+            del self._pending[key, version]
         if fut.cancelled() or fut.exception() is not None or self.max_age <= 0:
             return
-        self._done[key] = (fut.result(), time.monotonic())
+        self._done[key] = (fut.result(), time.monotonic(), version)
         self._done.move_to_end(key)
         while len(self._done) > self.size:
             self._done.popitem(last=False)

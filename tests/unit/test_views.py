@@ -195,6 +195,7 @@ async def test_views_render_off_the_event_loop_and_are_kept_while_nothing_change
     reg.remove_session(a0)
     changed = await v.sd(sd_query)
     assert v.sd_pages.renders == 2 and changed.etag != pages[0].etag
+    assert len(v.sd_pages._done) == 1  # the new page replaced the old one: churn does not pile up pages
 
 
 async def test_a_view_read_costs_the_loop_little_at_10000_nodes(tmp_path: Path) -> None:
