@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from raven.dns.names import NameRule
 from raven.lograte import RateLimitedLog
+from raven.ops import gcpause
 from raven.protocol import wire
 from raven.refusals import Reason, Refusal
 from raven.transport.session import Session
@@ -408,6 +409,8 @@ class Registry:
                 agents = ((sessions[0].agent,) if len(sessions) == 1 else
                           tuple(sorted({x.agent for x in sessions})) if sessions else ())
                 views[name] = make(NodeView, (e.name, e.pool, e.address, agents, e.released_at))
+            if len(self._stale) > 64:  # many new long-lived objects: frozen out of the collector's way soon
+                gcpause.settle_soon()
             self._stale.clear()
             self._views = views
             self.version += 1

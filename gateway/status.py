@@ -154,9 +154,10 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
     for agent in inp.sessions:
         pool(agent["pool"])["agents"].append({k: v for k, v in agent.items() if k != "pool"})
     direct = {n.name: n for n in inp.pools.direct_nodes(inp.views.values())} if inp.pools is not None else {}
-    # Per state, the nodes that match as (name, what its row is made from): only the page's rows are made. One
-    # loop with no call per node: at 10,000 nodes it is most of the render.
-    found: dict[str, list[tuple[str, Any, Any]]] = {state: [] for state in STATES}
+    # Per state, the nodes that match (a NodeView, DirectNode or RefusedClaim: each has its name first): only the
+    # page's rows are made. One loop with no call and no new object per node: at 10,000 nodes it is most of the
+    # render, and objects made per node would wake the garbage collector, which holds the event loop too.
+    found: dict[str, list[Any]] = {state: [] for state in STATES}
     q, wanted_pools, wanted_states = query.q, query.pools, query.states
     last = inp.last
     for v in inp.views.values():
@@ -178,21 +179,21 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
             state = "unreachable" if not v.agents else "idle" if result is None else "ok"
         if (wanted_pools and v.pool not in wanted_pools) or (q and q not in name):
             continue
-        found[state].append((name, v, result))
+        found[state].append(v)
     for d in direct.values():
         p = pool(d.pool)
         p["nodes"] += 1
         p["reachable"] += 1  # Raven is not in the way: Prometheus reaches it (or not) by itself
         if not ((wanted_pools and d.pool not in wanted_pools) or (q and q not in d.name)):
-            found["direct"].append((d.name, d, None))
+            found["direct"].append(d)
     for claim in inp.refused.values():
         if claim.pool in out:  # a pool no node is in (the agent may not serve it) gets no row of its own
             out[claim.pool]["refused"] += 1
         if not ((wanted_pools and claim.pool not in wanted_pools) or (q and q not in claim.name.lower())):
-            found["refused"].append((claim.name, claim, None))
+            found["refused"].append(claim)
     counts = {state: len(found[state]) for state in STATES}
 
-    def row(state: str, item: Any, result: NodeResult | None) -> dict[str, Any]:
+    def row(state: str, item: Any) -> dict[str, Any]:
         if state == "refused":
             known = out.get(item.pool)
             reach = known["reach"] if known else inp.pools.reach(item.pool) if inp.pools else "tunnel"
@@ -203,7 +204,7 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
             return {"name": item.name, "pool": item.pool, "reach": item.reach, "state": state, "agents": [],
                     "last": None}
         return {"name": item.name, "pool": item.pool, "reach": out[item.pool]["reach"], "state": state,
-                "agents": list(item.agents), "last": _last(result, now)}
+                "agents": list(item.agents), "last": _last(last.get(item.name), now)}
 
     page: list[dict[str, Any]] = []
     skip, room = query.offset, query.limit
@@ -214,8 +215,8 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
         if skip >= len(bucket):
             skip -= len(bucket)
             continue
-        chosen = heapq.nsmallest(skip + room, bucket, key=lambda e: e[0])[skip:]
-        page += [row(state, item, result) for _, item, result in chosen]
+        chosen = heapq.nsmallest(skip + room, bucket, key=lambda e: e.name)[skip:]
+        page += [row(state, item) for item in chosen]
         room -= len(chosen)
         skip = 0
     matched = sum(len(found[s]) for s in STATES if not wanted_states or s in wanted_states)
