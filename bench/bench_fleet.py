@@ -20,9 +20,10 @@ collections of each process during the measured window (from ``raven_gc_pause_se
 load average. With --read-metrics N a reader fetches the gateway's and every agent's /metrics every N seconds
 (as Prometheus scraping both services would) in alternate --phase-seconds windows, and the p99 of those windows
 is compared with the others' (goal: within 1.2x). With --views N the same windows read, every N seconds, what
-Prometheus and an operator read from the gateway: ``/sd?port=P&group=pool`` and ``/metrics`` (as Prometheus, with
-``Accept-Encoding: gzip``) and the status page ``/status.html`` (as a browser left open on it, gzip too); the
-scrapes' p99 and max with and without those reads are printed, and the reads' own sizes and times.
+Prometheus and an operator read from the gateway: ``/sd?port=P&group=pool`` (``--sd-group node``: one group per
+node) and ``/metrics`` (as Prometheus, with ``Accept-Encoding: gzip``) and the status page ``/status.html`` (as a
+browser left open on it, gzip too); the scrapes' p99 and max with and without those reads are printed, and the
+reads' own sizes and times.
 
     .venv/bin/python bench/bench_fleet.py --duration 600
 
@@ -204,7 +205,8 @@ async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subpr
             ops = f"http://127.0.0.1:{metrics_ports['gateway']}"
             bearer = {"Authorization": f"Bearer {token}"}
             browser = {"Authorization": "Basic " + base64.b64encode(f"operator:{token}".encode()).decode()}
-            views = [("/sd", f"/sd?port={port}&group=pool", bearer), ("/metrics", "/metrics", {}),
+            sd = f"/sd?port={port}" + ("&group=pool" if args.sd_group == "pool" else "")
+            views = [("/sd", sd, bearer), ("/metrics", "/metrics", {}),
                      ("/status.html", "/status.html", browser)]
             reader = asyncio.ensure_future(read_loop(
                 lambda h: [fetch_view(h, ops + url, headers, run, path) for path, url, headers in views],
@@ -355,6 +357,9 @@ def cli() -> int:
                         help="read the gateway's /sd, /metrics and /status.html (gzip) this often in alternate "
                         "windows, as Prometheus and an operator's open status page do (0: never; not with "
                         "--read-metrics)")
+    parser.add_argument("--sd-group", choices=["pool", "node"], default="pool",
+                        help="with --views: read /sd?group=pool (the shipped scrape configs) or one group per node "
+                        "(what configs written before read; a gateway before issue 34 knows only that)")
     parser.add_argument("--phase-seconds", type=float, default=30.0,
                         help="window length for --read-metrics and --views")
     parser.add_argument("--identity", action="store_true",
