@@ -26,15 +26,11 @@ is reset by the caller as before: the client sees a broken response, never a com
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterable
 from typing import Any, Literal
 
-try:  # ISA-L's deflate (python-isal): at level 1 the same size as zlib's, in about half its CPU time
-    from isal import isal_zlib as deflate
-except ImportError:  # a platform without its wheel: the standard library's zlib, a little slower
-    deflate = zlib  # type: ignore[misc]
+from raven.httpcoding import accepts_gzip, deflate
 
+__all__ = ["FLUSH_BYTES", "LEVEL", "MIN_BYTES", "Gzip", "accepts_gzip", "plan"]
 from raven.protocol import wire
 
 Mode = Literal["auto", "always", "never"]
@@ -42,31 +38,6 @@ LEVEL = 1  # on exporter text, level 1 is within a few per cent of level 6's siz
 MIN_BYTES = 1024  # a known length under this is sent as is: gzip's 18 bytes of framing would eat the gain
 FLUSH_BYTES = 64 * 1024  # input between sync flushes
 _NO_BODY_STATUS = frozenset({204, 206, 304})
-
-
-def accepts_gzip(values: Iterable[str]) -> bool:
-    """Whether Accept-Encoding header values (RFC 9110 section 12.5.3) allow gzip."""
-    gzip_q: float | None = None
-    star_q: float | None = None
-    for value in values:
-        for item in value.split(","):
-            coding, _, params = item.partition(";")
-            coding = coding.strip().lower()
-            q = 1.0
-            for param in params.split(";"):
-                name, _, number = param.partition("=")
-                if name.strip().lower() == "q":
-                    try:
-                        q = float(number.strip())
-                    except ValueError:
-                        q = 0.0
-            if coding in ("gzip", "x-gzip"):
-                gzip_q = q if gzip_q is None else max(gzip_q, q)
-            elif coding == "*":
-                star_q = q
-    if gzip_q is not None:
-        return gzip_q > 0
-    return star_q is not None and star_q > 0
 
 
 def _values(headers: wire.Headers, name: str) -> list[str]:

@@ -19,7 +19,11 @@ the agents' RSS and descriptor slopes over the run (per minute, from samples eve
 collections of each process during the measured window (from ``raven_gc_pause_seconds``), and the machine's
 load average. With --read-metrics N a reader fetches the gateway's and every agent's /metrics every N seconds
 (as Prometheus scraping both services would) in alternate --phase-seconds windows, and the p99 of those windows
-is compared with the others' (goal: within 1.2x).
+is compared with the others' (goal: within 1.2x). With --views N the same windows read, every N seconds, what
+Prometheus and an operator read from the gateway: ``/sd?port=P&group=pool`` (``--sd-group node``: one group per
+node) and ``/metrics`` (as Prometheus, with ``Accept-Encoding: gzip``) and the status page ``/status.html`` (as a
+browser left open on it, gzip too); the scrapes' p99 and max with and without those reads are printed, and the
+reads' own sizes and times.
 
     .venv/bin/python bench/bench_fleet.py --duration 600
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import json
 import os
@@ -40,8 +45,10 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -125,12 +132,26 @@ class Run:
     gc: dict[str, str] = field(default_factory=dict)
     frozen: dict[str, float | None] = field(default_factory=dict)
     reading: list[tuple[float, float]] = field(default_factory=list)  # windows with the metrics reader on
+    views: dict[str, list[tuple[int, int, float]]] = field(  # path -> (status, bytes on the wire, seconds)
+        default_factory=lambda: collections.defaultdict(list))
 
 
-async def read_metrics_loop(ports: list[int], every: float, phase: float, start: float, end: float,
-                            run: Run) -> None:
-    """Alternate windows of ``phase`` seconds: odd ones read every service's /metrics every ``every`` seconds."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+async def fetch_view(http: aiohttp.ClientSession, url: str, headers: dict[str, str], run: Run, path: str) -> None:
+    """One read as Prometheus or a browser makes it (gzip asked, the body read whole); its size and time kept."""
+    started = time.monotonic()
+    try:
+        async with http.get(url, headers={"Accept-Encoding": "gzip", **headers}) as resp:
+            size = len(await resp.read())
+            run.views[path].append((resp.status, size, time.monotonic() - started))
+    except (aiohttp.ClientError, TimeoutError):
+        run.views[path].append((0, 0, time.monotonic() - started))
+
+
+async def read_loop(reads: Callable[[aiohttp.ClientSession], list[Awaitable[Any]]], every: float, phase: float,
+                    start: float, end: float, run: Run) -> None:
+    """Alternate windows of ``phase`` seconds: odd ones make ``reads`` every ``every`` seconds."""
+    # auto_decompress off: the reader takes the gzipped bytes as they come (their size is what crossed the wire).
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), auto_decompress=False) as http:
         k = 0
         while start + k * phase < end:
             w0, w1 = start + k * phase, min(end, start + (k + 1) * phase)
@@ -139,7 +160,7 @@ async def read_metrics_loop(ports: list[int], every: float, phase: float, start:
                 t = w0
                 while t < w1:
                     await asyncio.sleep(max(0.0, t - time.monotonic()))
-                    await asyncio.gather(*(fetch_metrics(http, p) for p in ports))
+                    await asyncio.gather(*reads(http))
                     t += every
             await asyncio.sleep(max(0.0, w1 - time.monotonic()))
             k += 1
@@ -160,7 +181,7 @@ async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, p
         "--pool-size", str(args.pool_size), "--start", repr(start), "--seconds", str(args.warmup + args.duration),
         *(["--identity"] if args.identity else []), stdout=asyncio.subprocess.PIPE) for k in range(args.workers)]
     try:
-        return await measure(args, mode, procs, pids, metrics_ports, run, measured, end)
+        return await measure(args, mode, procs, pids, metrics_ports, run, measured, end, port, token)
     finally:
         for p in procs:  # on every path: a cancelled run does not leave generators scraping
             if p.returncode is None:
@@ -170,15 +191,26 @@ async def one_mode(cluster: LocalCluster, args: argparse.Namespace, mode: str, p
 
 async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subprocess.Process],
                   pids: dict[str, list[int]], metrics_ports: dict[str, int], run: Run, measured: float,
-                  end: float) -> Run:
+                  end: float, port: int, token: str) -> Run:
     outputs = [asyncio.ensure_future(p.communicate()) for p in procs]
     reader = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         await asyncio.sleep(max(0.0, measured - time.monotonic()))
         gc0 = {k: gc_buckets(await fetch_metrics(http, p)) for k, p in metrics_ports.items()}
         if args.read_metrics and mode != "direct":
-            reader = asyncio.ensure_future(read_metrics_loop(list(metrics_ports.values()), args.read_metrics,
-                                                             args.phase_seconds, measured, end, run))
+            ports = list(metrics_ports.values())
+            reader = asyncio.ensure_future(read_loop(lambda h: [fetch_metrics(h, p) for p in ports],
+                                                     args.read_metrics, args.phase_seconds, measured, end, run))
+        elif args.views and mode != "direct":
+            ops = f"http://127.0.0.1:{metrics_ports['gateway']}"
+            bearer = {"Authorization": f"Bearer {token}"}
+            browser = {"Authorization": "Basic " + base64.b64encode(f"operator:{token}".encode()).decode()}
+            sd = f"/sd?port={port}" + ("&group=pool" if args.sd_group == "pool" else "")
+            views = [("/sd", sd, bearer), ("/metrics", "/metrics", {}),
+                     ("/status.html", "/status.html", browser)]
+            reader = asyncio.ensure_future(read_loop(
+                lambda h: [fetch_view(h, ops + url, headers, run, path) for path, url, headers in views],
+                args.views, args.phase_seconds, measured, end, run))
         pids = {**pids, "generator": [p.pid for p in procs]}
         cpu0 = {k: sum(proc_stat(p)[0] for p in v) for k, v in pids.items()}
         while (now := time.monotonic()) < end:
@@ -295,8 +327,14 @@ def report(run: Run, args: argparse.Namespace) -> None:
         quiet = [r for r in recs if not inside(r[0])]
         p_read = pct([r[2] for r in read if r[3] == "200"], 0.99)
         p_quiet = pct([r[2] for r in quiet if r[3] == "200"], 0.99)
-        print(f"  reading /metrics every {args.read_metrics:g}s: {latency_line(read)}; without: "
-              f"{latency_line(quiet)}; p99 ratio {p_read / p_quiet:.2f}")
+        what = (f"reading /metrics every {args.read_metrics:g}s" if args.read_metrics else
+                f"reading /sd, /metrics and /status.html every {args.views:g}s (gzip)")
+        print(f"  {what}: {latency_line(read)}; without: {latency_line(quiet)}; p99 ratio {p_read / p_quiet:.2f}")
+        for path, reads in sorted(run.views.items()):
+            ok = [r for r in reads if r[0] == 200]
+            ms = [r[2] * 1000 for r in ok]
+            print(f"    {path}: {len(ok)}/{len(reads)} answered 200, {max((r[1] for r in ok), default=0)} bytes "
+                  f"on the wire, read in p50 {pct(ms, 0.5):.1f} / max {max(ms, default=float('nan')):.1f} ms")
     print(f"  machine load average (1 min) during the run: {min(run.load, default=0):.1f}-"
           f"{max(run.load, default=0):.1f}", flush=True)
 
@@ -315,7 +353,15 @@ def cli() -> int:
                         default=["direct", "pool", "per-node"])
     parser.add_argument("--read-metrics", type=float, default=0.0, metavar="SECONDS",
                         help="read every service's /metrics this often in alternate windows (0: never)")
-    parser.add_argument("--phase-seconds", type=float, default=30.0, help="window length for --read-metrics")
+    parser.add_argument("--views", type=float, default=0.0, metavar="SECONDS",
+                        help="read the gateway's /sd, /metrics and /status.html (gzip) this often in alternate "
+                        "windows, as Prometheus and an operator's open status page do (0: never; not with "
+                        "--read-metrics)")
+    parser.add_argument("--sd-group", choices=["pool", "node"], default="pool",
+                        help="with --views: read /sd?group=pool (the shipped scrape configs) or one group per node "
+                        "(what configs written before read; a gateway before issue 34 knows only that)")
+    parser.add_argument("--phase-seconds", type=float, default=30.0,
+                        help="window length for --read-metrics and --views")
     parser.add_argument("--identity", action="store_true",
                         help="ask for uncompressed pages (default: gzip, as Prometheus asks; the page is ~3 KiB then)")
     parser.add_argument("--no-gc-tuning", action="store_true", help="run the services with RAVEN_GC_TUNING=off")

@@ -1,37 +1,55 @@
 """``/sd``: every pool's targets in Prometheus's http_sd_configs format, each saying how it is reached.
 
-One group per node and port. Every group carries ``node``, ``pool``, ``port`` and ``__meta_raven_reach``
-(``tunnel``, ``direct`` or ``layer3``), so that one scrape job that goes through Raven (``reach`` = tunnel)
-and one that scrapes directly (the others) can each keep their own with a ``keep`` relabelling; or ask for
-one kind with ``?reach=``. A tunnel target is ``NAME:PORT`` (the name resolves to the Raven front end, or
-is the proxy's target). A direct or layer-3 target is what Prometheus dials itself: the node's address
-(its InternalIP) where known and the hosts file does not map its name, else its name; its ``instance``
-label is ``NAME:PORT`` either way, so that series are named alike for every kind of pool.
+Every target carries ``pool``, ``port`` and ``__meta_raven_reach`` (``tunnel``, ``direct`` or ``layer3``), so
+that one scrape job that goes through Raven (``reach`` = tunnel) and one that scrapes directly (the others) can
+each keep their own with a ``keep`` relabelling; or ask for one kind with ``?reach=``. A tunnel target is
+``NAME:PORT`` (the name resolves to the Raven front end, or is the proxy's target). A direct or layer-3 target is
+what Prometheus dials itself: the node's address (its InternalIP) where known and the hosts file does not map its
+name, else its name; its ``instance`` label is ``NAME:PORT`` either way, so that series are named alike for every
+kind of pool.
+
+Two shapes (``?group=``):
+
+- ``pool`` (what the shipped scrape configs ask for): what Prometheus needs per target and no more. A tunnel
+  pool's targets that share their labels are one group: one per pool, port and ``__meta_raven_connected``, its
+  targets the names; the scrape config derives ``node`` from the address (``NAME:PORT``) with one relabel rule.
+  A direct or layer-3 node keeps its own group: its ``instance`` and ``node`` differ from its address. At 10,000
+  nodes and one port: 0.2 MB instead of 1.1 MB (docs/performance.md).
+- ``node`` (the default, for scrape configs written before ``group=pool``): one group per node and port, with
+  ``node`` and ``__meta_raven_agents`` besides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from gateway.nodeview import NodeView
 from gateway.pools import Pools
-from gateway.registry import NodeEntry
 from raven.config.pools import REACHES
 from raven.errors import RavenError
 
-PARAMETERS = ("port", "pool", "reach")
+PARAMETERS = ("port", "pool", "reach", "group")
+SHAPES = ("node", "pool")
+
+
+class SdQuery(NamedTuple):
+    ports: tuple[int, ...]
+    pools: frozenset[str]
+    reaches: frozenset[str]
+    group: str = "node"
 
 
 class BadQuery(RavenError, ValueError):
     """A /sd query the gateway will not answer (the message says why)."""
 
 
-def parse_query(query: Mapping[str, str], getall: Any, allowed_ports: Sequence[int]
-                ) -> tuple[list[int], set[str], set[str]]:
-    """(ports, pools, reaches) asked for; BadQuery for an unknown parameter or value."""
+def parse_query(query: Mapping[str, str], getall: Any, allowed_ports: Sequence[int]) -> SdQuery:
+    """The ports, pools, reaches and shape asked for; BadQuery for an unknown parameter or value."""
     unknown = sorted(set(query) - set(PARAMETERS))
     if unknown:
-        raise BadQuery(f"unknown parameter(s) {unknown}: /sd takes {', '.join(p + '=' for p in PARAMETERS)}")
+        raise BadQuery(f"unknown parameter(s) {[u[:40] for u in unknown[:5]]}: /sd takes "
+                       f"{', '.join(p + '=' for p in PARAMETERS)}")
     ports = list(allowed_ports)
     wanted = getall("port", [])
     if wanted:
@@ -44,34 +62,55 @@ def parse_query(query: Mapping[str, str], getall: Any, allowed_ports: Sequence[i
     for value in reaches:
         if value not in REACHES:
             raise BadQuery(f"reach must be one of {', '.join(REACHES)}, got {value[:20]!r}")
-    return ports, set(getall("pool", [])), reaches
+    shapes = getall("group", [])
+    if len(shapes) > 1 or any(s not in SHAPES for s in shapes):
+        raise BadQuery(f"group must be one of {', '.join(SHAPES)} (once), got {[s[:20] for s in shapes[:2]]}")
+    pools = getall("pool", [])
+    if len(pools) > 64 or any(len(p) > 63 for p in pools):
+        raise BadQuery("pool: at most 64 pools of at most 63 characters each")
+    return SdQuery(tuple(ports), frozenset(pools), frozenset(reaches), shapes[0] if shapes else "node")
 
 
-def groups(bound: Iterable[NodeEntry], known: Iterable[NodeEntry], pools: Pools, ports: Sequence[int],
-           wanted_pools: set[str], reaches: set[str]) -> list[dict[str, Any]]:
-    """The target groups: tunnel pools' nodes still bound to their pool (with an agent now, or whose agents
-    left less than ``node_rebind_after`` ago), and every other pool's known nodes.
+def groups(views: Iterable[NodeView], pools: Pools, q: SdQuery, now: float, rebind_after: float
+           ) -> tuple[list[dict[str, Any]], float]:
+    """The target groups, and until when (``time.monotonic()``) they hold at the latest: tunnel pools' nodes still
+    bound to their pool (with an agent now, or whose agents left less than ``rebind_after`` ago), and every other
+    pool's known nodes. Reads only its arguments (``pools``: a copy nothing changes), so it runs in a worker thread.
 
     A tunnel node whose agents are gone (a cut uplink) stays a target, answered 503 by the front end: Prometheus
     records the outage as ``up == 0`` instead of dropping the target, and scrapes it again at its next interval
     once an agent is back, without waiting for a discovery refresh. ``__meta_raven_connected`` says which.
     """
+    views = sorted(views, key=lambda v: v.name)
     out: list[dict[str, Any]] = []
+    expires = float("inf")
+    wanted_pools, reaches, ports = q.pools, q.reaches, q.ports
     if not reaches or "tunnel" in reaches:
-        for entry in bound:
-            if (wanted_pools and entry.pool not in wanted_pools) or not pools.tunnelled(entry.pool):
+        shared: dict[tuple[str, int, bool], list[str]] = {}
+        for v in views:
+            if (wanted_pools and v.pool not in wanted_pools) or not pools.tunnelled(v.pool):
                 continue
+            if not v.agents:
+                until = (v.released_at if v.released_at is not None else now) + rebind_after
+                if until <= now:
+                    continue  # no longer bound to its pool: not a target any more
+                expires = min(expires, until)
             for port in ports:
+                if q.group == "pool":
+                    shared.setdefault((v.pool, port, bool(v.agents)), []).append(f"{v.name}:{port}")
+                    continue
                 out.append({
-                    "targets": [f"{entry.name}:{port}"],
-                    "labels": {"node": entry.name, "pool": entry.pool, "port": str(port),
-                               "__meta_raven_reach": "tunnel",
-                               "__meta_raven_connected": "true" if entry.sessions else "false",
-                               "__meta_raven_agents": ",".join(sorted({s.agent for s in entry.sessions}))},
+                    "targets": [f"{v.name}:{port}"],
+                    "labels": {"node": v.name, "pool": v.pool, "port": str(port), "__meta_raven_reach": "tunnel",
+                               "__meta_raven_connected": "true" if v.agents else "false",
+                               "__meta_raven_agents": ",".join(v.agents)},
                 })
+        for (pool, port, connected), targets in sorted(shared.items()):
+            out.append({"targets": targets, "labels": {"pool": pool, "port": str(port), "__meta_raven_reach": "tunnel",
+                                                       "__meta_raven_connected": "true" if connected else "false"}})
     if reaches == {"tunnel"}:
-        return out
-    for node in pools.direct_nodes(known):
+        return out, expires
+    for node in pools.direct_nodes(views):
         if (wanted_pools and node.pool not in wanted_pools) or (reaches and node.reach not in reaches):
             continue
         address = pools.sd_address(node)
@@ -81,4 +120,4 @@ def groups(bound: Iterable[NodeEntry], known: Iterable[NodeEntry], pools: Pools,
                 "labels": {"node": node.name, "pool": node.pool, "port": str(port), "instance": f"{node.name}:{port}",
                            "__meta_raven_reach": node.reach},
             })
-    return out
+    return out, expires

@@ -1,16 +1,20 @@
 """The gateway's ops API on the ops port: the status (JSON and a page), the hosts file, the node inventory and
 Prometheus's http_sd targets, behind the front end's credentials when it has any.
+
+Every view is made off the event loop and kept while it holds (gateway/views.py); each is answered gzipped to a
+client that accepts it, and ``304 Not Modified`` to one whose ``If-None-Match`` still holds (raven/ops/pages.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway import discovery
-from gateway.status import render_html, snapshot
+from gateway import discovery, status
+from gateway.views import Views
+from raven.ops.pages import Busy, Page, busy, respond
 
 if TYPE_CHECKING:
     from gateway.service import Gateway
@@ -23,6 +27,7 @@ class OpsApi:
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
+        self.views = Views(gw)
 
     def routes(self) -> list[tuple[str, Handler]]:
         return [("/sd", self.http_sd), ("/hosts", self.hosts_file), ("/nodes", self.nodes), ("/status", self.status),
@@ -40,43 +45,39 @@ class OpsApi:
         self.gw.metrics.front_refused.labels(denied.label).inc()
         return web.Response(status=denied.status, text=f"raven: {denied.text}\n", headers=denied.headers)
 
-    def snapshot(self) -> dict[str, Any]:
-        gw = self.gw
-        snap = snapshot(
-            replica=gw.cfg.replica_id, replicas=gw.cfg.replicas, started=gw.started_wall, ready=gw.ready(),
-            draining=gw.tunnel.draining, registry=gw.registry, last=gw.proxy.last, pools=gw.pools,
-        )
-        snap["layer3"] = gw.layer3.status() if gw.layer3 is not None else None
-        return snap
+    @staticmethod
+    async def _answer(request: web.Request, page: Awaitable[Page]) -> web.Response:
+        try:
+            return respond(request, await page)
+        except Busy as exc:
+            return busy(exc)
 
-    async def status(self, _: web.Request) -> web.Response:
-        return web.json_response(self.snapshot())
+    async def _status(self, request: web.Request, html: bool) -> web.Response:
+        try:
+            query = status.parse_query(list(request.query), request.query.getall)
+        except status.BadQuery as exc:
+            return web.Response(status=400, text=f"raven: {exc}\n")
+        return await self._answer(request, self.views.status_page(query, html))
 
-    async def status_page(self, _: web.Request) -> web.Response:
-        return web.Response(text=render_html(self.snapshot()), content_type="text/html")
+    async def status(self, request: web.Request) -> web.Response:
+        """The status as JSON: ``?pool=``, ``?q=``, ``?state=``, ``?limit=``, ``?offset=`` (gateway/status.py)."""
+        return await self._status(request, html=False)
 
-    async def hosts_file(self, _: web.Request) -> web.Response:
-        whole = await self.gw.hosts.render(shards=1)  # in a worker thread: 100,000 names take a while
-        return web.Response(text=whole[0], content_type="text/plain")
+    async def status_page(self, request: web.Request) -> web.Response:
+        return await self._status(request, html=True)
 
-    async def nodes(self, _: web.Request) -> web.Response:
-        return web.json_response({
-            "replica": self.gw.cfg.replica_id,
-            "service_addresses": self.gw.cfg.hosts.service_addresses,
-            "nodes": [
-                {"name": e.name, "pool": e.pool, "address": e.address, "reach": self.gw.pools.reach(e.pool),
-                 "agents": sorted({s.agent for s in e.sessions})}
-                for e in self.gw.registry.known_nodes()
-            ],
-        })
+    async def hosts_file(self, request: web.Request) -> web.Response:
+        return await self._answer(request, self.views.hosts())
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        return await self._answer(request, self.views.nodes())
 
     async def http_sd(self, request: web.Request) -> web.Response:
         """Every pool's targets in Prometheus's http_sd_configs format, with how each is reached
-        (gateway/discovery.py). ``?port=``, ``?pool=`` and ``?reach=`` (each repeatable) narrow the list."""
+        (gateway/discovery.py). ``?port=``, ``?pool=`` and ``?reach=`` (each repeatable) narrow the list;
+        ``?group=pool`` groups the targets that share their labels."""
         try:
-            ports, pools, reaches = discovery.parse_query(request.query, request.query.getall,
-                                                          self.gw.cfg.front.allowed_ports)
+            query = discovery.parse_query(request.query, request.query.getall, self.gw.cfg.front.allowed_ports)
         except discovery.BadQuery as exc:
             return web.Response(status=400, text=f"{exc}\n")
-        return web.json_response(discovery.groups(self.gw.registry.bound_nodes(), self.gw.registry.known_nodes(),
-                                                  self.gw.pools, ports, pools, reaches))
+        return await self._answer(request, self.views.sd(query))

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from raven.config import GatewayConfig
 from raven.config.pools import REACHES, Reach
@@ -35,6 +35,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("raven.gateway.pools")
 
 OPENYURT_EDGE_LABEL = "openyurt.io/is-edge-worker"
+
+
+class Registered(Protocol):
+    """A node as an agent registered it (a registry entry, or the views' copy of one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def address(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +82,12 @@ class Pools:
         self.labelled: dict[str, Reach] = {}  # pool -> reach, from Node labels
         self.kube_nodes: Mapping[str, KubeNode] = {}
         self._warned: set[str] = set()
+        self.version = 0  # goes up at every change of what this says (the views' caches key on it)
         self.configure(cfg)
 
     def configure(self, cfg: GatewayConfig) -> None:
         """Take the pools' settings (at start and on a configuration reload)."""
+        self.version += 1
         self.settings = dict(cfg.pools)
         self.defaults = cfg.pool_defaults
         self.reach_label = cfg.kubernetes.reach_label
@@ -90,6 +103,7 @@ class Pools:
 
     def set_kube_nodes(self, nodes: Mapping[str, KubeNode]) -> None:
         """The Node objects changed: learn each pool's reach from its Nodes' labels."""
+        self.version += 1
         self.kube_nodes = nodes
         said: dict[str, set[Reach | None]] = {}
         for node in nodes.values():
@@ -170,7 +184,7 @@ class Pools:
         raise Refusal(Reason.DIRECT_POOL, f"node {node!r} of pool {pool!r} is reached {way} (reach: {reach}): "
                       "scrape it without the proxy", node=node, pool=pool)
 
-    def direct_nodes(self, registered: Iterable[NodeEntry]) -> list[DirectNode]:
+    def direct_nodes(self, registered: Collection[Registered]) -> list[DirectNode]:
         """Every known node of a pool that is not reached through the tunnel, sorted by name."""
         out: dict[str, DirectNode] = {}
         for name, (pool, address) in self.static.items():
@@ -182,15 +196,17 @@ class Pools:
                 reach = self.reach(kube.pool)
                 if reach != "tunnel":
                     out[kube.name] = DirectNode(kube.name, kube.pool, reach, kube.internal_ip)
+        reaches = {pool: self.reach(pool) for pool in {e.pool for e in registered}}  # once per pool, not per node
+        if all(reach == "tunnel" for reach in reaches.values()):
+            registered = ()  # the usual case: no registered node is scraped directly, none needs a look
         for entry in registered:
-            if entry.name not in out:
-                reach = self.reach(entry.pool)
-                if reach != "tunnel":
-                    out[entry.name] = DirectNode(entry.name, entry.pool, reach,
-                                                 entry.address if _is_ip(entry.address) else None)
+            reach = reaches[entry.pool]
+            if reach != "tunnel" and entry.name not in out:
+                out[entry.name] = DirectNode(entry.name, entry.pool, reach,
+                                             entry.address if _is_ip(entry.address) else None)
         return [out[name] for name in sorted(out)]
 
-    def hosts_entries(self, registered: Iterable[NodeEntry]) -> dict[str, str]:
+    def hosts_entries(self, registered: Collection[Registered]) -> dict[str, str]:
         """Name -> address lines for the hosts file (``hosts.direct: internal-ip``); empty with ``omit``."""
         if self.hosts_direct != "internal-ip":
             return {}

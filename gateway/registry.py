@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gateway.nodeview import NodeView, RefusedClaim
 from raven.dns.names import NameRule
 from raven.lograte import RateLimitedLog
+from raven.ops import gcpause
 from raven.protocol import wire
 from raven.refusals import Reason, Refusal
 from raven.transport.session import Session
@@ -71,6 +73,8 @@ class NodeEntry:
     # share this one object (and its strings) in their sessions' last_register.
     info: wire.NodeInfo | None = None
 
+
+MAX_REFUSED_KEPT = 1000  # refused claims kept for the status page; the rest are counted
 
 REFUSED_SAMPLE = 5  # refusals of a registration kept for the status page (the count covers the rest)
 
@@ -131,6 +135,13 @@ class Registry:
         # there belongs to that pool, with or without Kubernetes: no agent of another pool may claim it.
         self.placed: Mapping[str, str] = {}
         self._turn = 0
+        # The views' copy of every node (see node_views): replaced, never changed, once handed out.
+        self.version = 0
+        self._views: dict[str, NodeView] = {}
+        self._stale: set[str] = set()  # nodes changed since the views' copy was made
+        self.refused: dict[str, RefusedClaim] = {}  # latest registrations' refused nodes, MAX_REFUSED_KEPT at most
+        self.refused_dropped = 0  # refused claims not kept (over MAX_REFUSED_KEPT)
+        self._reachable = (-1, 0)  # (node views' version, nodes with a session then)
 
     # ------------------------------------------------------------ sessions
 
@@ -159,6 +170,8 @@ class Registry:
             # Already replaced: its claims were dropped when the newer one arrived.
             return False
         self._drop_claims(s)
+        if not any(x.agent == s.agent for x in self.sessions.values()):
+            self._drop_refused(s.agent)
         self._changed()
         return True
 
@@ -173,6 +186,7 @@ class Registry:
         entry = self.nodes.get(name)
         if entry is not None and s in entry.sessions:
             entry.sessions.remove(s)
+            self._stale.add(name)
             if not entry.sessions:
                 if withdrawn:
                     self._forget(entry, s.agent)
@@ -181,6 +195,7 @@ class Registry:
 
     def _forget(self, entry: NodeEntry, by: str) -> None:
         del self.nodes[entry.name]
+        self._stale.add(entry.name)
         self.hosts_bytes -= self.hosts_cost(entry.name)
         names = self.pool_nodes.get(entry.pool)
         if names is not None:
@@ -205,6 +220,7 @@ class Registry:
         # What the same agent identity holds through its other sessions counts against its cap too.
         held = set().union(*(x.nodes for x in self.sessions.values() if x.agent == s.agent and x is not s))
         new_names = 0  # names this registration adds to the registry (for the total cap and hosts budget)
+        self._drop_refused(s.agent)  # this registration is the agent's whole list: its refusals are said again
         new_bytes = 0
         for info in s.last_register:
             refusal = self._refusal(s, info)
@@ -228,6 +244,7 @@ class Registry:
                     new_names += 1
             if refusal is not None:
                 refused.append((info.name, refusal))
+                self._keep_refused(RefusedClaim(info.name[:253], info.pool[:63], s.agent, refusal.text, time.time()))
                 # One line per agent a minute, with a count of the rest: churn cannot grow the log.
                 self._log.warning(s.agent, "refused", "refused registration of node %r (pool %r) from agent %s: %s",
                                   info.name[:253], info.pool[:63], s.agent, refusal.text)
@@ -256,17 +273,23 @@ class Registry:
                     self.hosts_bytes += self.hosts_cost(name)
                 entry = NodeEntry(name, info.address, info.pool)
                 self.nodes[name] = entry
+                self._stale.add(name)
                 self.pool_nodes.setdefault(info.pool, set()).add(name)
-            entry.address = info.address
+            if entry.address != info.address:
+                entry.address = info.address
+                self._stale.add(name)
             if entry.info == info:
                 shared[id(info)] = entry.info
             else:
                 entry.info = info
-            entry.released_at = None
+            if entry.released_at is not None:
+                entry.released_at = None
+                self._stale.add(name)
             if s.agent not in entry.listed_by:
                 entry.listed_by += (s.agent,)
             if s not in entry.sessions:
                 entry.sessions.append(s)
+                self._stale.add(name)
             s.nodes.add(name)
             accepted.append(name)
         s.refused_count, s.refused_sample = len(refused), tuple(refused[:REFUSED_SAMPLE])
@@ -361,6 +384,52 @@ class Registry:
 
     def _reevaluate(self) -> list[Reevaluation]:
         return [(s, *self.register(s, s.last_register)) for s in list(self.sessions.values())]
+
+    def _keep_refused(self, claim: RefusedClaim) -> None:
+        if claim.name in self.refused or len(self.refused) < MAX_REFUSED_KEPT:
+            self.refused[claim.name] = claim
+        else:
+            self.refused_dropped += 1
+
+    def _drop_refused(self, agent: str) -> None:
+        """Forget an agent's refused claims (it registers anew, or its last session left)."""
+        mine = [name for name, claim in self.refused.items() if claim.agent == agent]
+        for name in mine:
+            del self.refused[name]
+        if not self.refused:
+            self.refused_dropped = 0
+
+    def node_views(self) -> tuple[int, dict[str, NodeView]]:
+        """(version, name -> :class:`NodeView`) of every registered node. The mapping is a copy that nothing
+        changes once handed out (a worker thread may read it); only the nodes changed since the last call are
+        rebuilt, so a read when nothing changed costs nothing, and a registration that changes nothing too.
+        The version goes up whenever the mapping is another."""
+        if self._stale:
+            views = dict(self._views)
+            make = tuple.__new__  # NodeView(...) without its Python-level __new__: this runs per changed node
+            for name in self._stale:
+                e = self.nodes.get(name)
+                if e is None:
+                    views.pop(name, None)
+                    continue
+                sessions = e.sessions
+                agents = ((sessions[0].agent,) if len(sessions) == 1 else
+                          tuple(sorted({x.agent for x in sessions})) if sessions else ())
+                views[name] = make(NodeView, (e.name, e.pool, e.address, agents, e.released_at))
+            if len(self._stale) > 64:  # many new long-lived objects: frozen out of the collector's way soon
+                gcpause.settle_soon()
+            self._stale.clear()
+            self._views = views
+            self.version += 1
+        return self.version, self._views
+
+    def reachable_count(self) -> int:
+        """How many nodes an agent session holds now: counted once per version of the node views (``/readyz`` and
+        the status ask at every read; a count of 10,000 entries each time was a few milliseconds on the loop)."""
+        version, views = self.node_views()
+        if self._reachable[0] != version:
+            self._reachable = (version, sum(1 for v in views.values() if v.agents))
+        return self._reachable[1]
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -162,7 +162,7 @@ class Gateway:
             if not ok:
                 return False, why
             self._was_ready = True
-        sessions, nodes = len(self.registry.sessions), len(self.registry.reachable_nodes())
+        sessions, nodes = len(self.registry.sessions), self.registry.reachable_count()
         empty_since = self.tunnel.empty_since
         if not sessions and empty_since is not None:
             alone = time.monotonic() - empty_since

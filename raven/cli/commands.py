@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,17 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+STATUS_STATES = ["failing", "unreachable", "refused", "idle", "ok", "direct"]  # gateway/status.py's STATES
+
+
+def _count(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"{text[:20]!r}: must be a whole number from {low} to {high}")
+        return int(text)
+    return parse
+
+
 def _token_headers(path: Path | None) -> dict[str, str]:
     """The bearer token for a gateway's inventory endpoints, read from a file (never from the command line)."""
     if path is None:
@@ -256,11 +267,18 @@ def cmd_hosts_render(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     import json
+    from urllib.parse import urlencode
 
-    from gateway.status import render_text
+    from gateway.statuspage import render_text
+
+    params = [("pool", p) for p in args.pool] + [("state", s) for s in args.state]
+    params += [("q", args.node)] if args.node else []
+    params += [("limit", str(args.limit))] if args.limit is not None else []
+    params += [("offset", str(args.offset))] if args.offset else []
 
     async def main() -> int:
-        snap = await _ops_json(args.gateway, "/status", args.token_file, args.timeout)
+        path = "/status" + (f"?{urlencode(params)}" if params else "")
+        snap = await _ops_json(args.gateway, path, args.token_file, args.timeout)
         if args.output == "json":
             print(json.dumps(snap, indent=2))
         else:
@@ -382,17 +400,28 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_dns_check)
 
     status = sub.add_parser(
-        "status", help="pools, agents, sessions and every node's last scrape, from a gateway",
+        "status", help="pools, agents, sessions and the nodes that need attention, from a gateway",
         description="Show what one gateway replica sees: its release, its pools with their agents (release, protocol, "
-        "session age, streams in "
-        "flight, draining), and every node with the result of its last scrape through this replica and why it "
-        "failed. The same is on the ops port as a web page: http://GATEWAY:10265/status.html.",
+        "session age, streams in flight, draining), nodes reachable, scrapes failing now and the latest error; "
+        "then the nodes, those that need attention first (failing, unreachable, refused), each with the result "
+        "of its last scrape through this replica and why it failed: one page of them (--limit, --offset), "
+        "narrowed with --pool, --node and --state. The same is on the ops port as a web page: "
+        "http://GATEWAY:10265/status.html (?pool=, ?q=, ?state=).",
     )
     status.add_argument("--gateway", required=True, metavar="URL",
                         help="a gateway's ops listener, e.g. http://raven-gateway:10265 (one replica)")
     status.add_argument("--token-file", type=Path, metavar="FILE",
                         help="file with a bearer token the gateway accepts (front.auth.token_files)")
     status.add_argument("--output", "-o", choices=["table", "json"], default="table", help="default: table")
+    status.add_argument("--pool", action="append", default=[], metavar="POOL",
+                        help="only the nodes of this pool (repeatable)")
+    status.add_argument("--node", metavar="TEXT", help="only the nodes whose name has TEXT in it")
+    status.add_argument("--state", action="append", default=[], choices=STATUS_STATES,
+                        help="only the nodes in this state (repeatable); without it, every state, those that need "
+                        "attention (failing, unreachable, refused) first")
+    status.add_argument("--limit", type=_count(1, 1000), metavar="N", help="nodes to list (default 50, at most 1000)")
+    status.add_argument("--offset", type=_count(0, 10**8), default=0, metavar="N",
+                        help="skip the first N nodes of the list (the next page)")
     status.add_argument("--timeout", type=_positive_seconds, default=10.0,
                         help="seconds to wait for the gateway (default 10)")
     status.set_defaults(func=cmd_status)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from raven.aio import retrieve_exception
 from raven.config import split_host_port
+from raven.ops.pages import Built, Page, PageCache, respond
 from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
 
 # The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood
@@ -22,23 +21,24 @@ OPS_LIMITS = GuardLimits(head_timeout=10.0, idle_timeout=120.0, max_connections=
 
 
 class MetricsPage:
-    """The /metrics page, produced in a worker thread, so that the event loop keeps its turns while it is built
-    (12 ms of CPU for the gateway's 25 KB page in a quiet process; the interpreter lock changes hands every 5 ms).
-    What made each read of the gateway's page a 100-300 ms spike in the fleet benchmark was a collector that held
-    the lock throughout (raven/ops/gcpause.py's frozen count); a thread does not help against that, so collectors
-    must stay cheap. prometheus-client's collection is thread-safe (each metric under its lock), and the services'
-    own collectors and gauge functions only read counters. Requests that arrive while a page is being produced
-    share it: at most one thread renders."""
+    """The /metrics page, produced in a worker thread (raven/ops/pages.py), so that the event loop keeps its turns
+    while it is built (12 ms of CPU for the gateway's 25 KB page in a quiet process; the interpreter lock changes
+    hands every 5 ms), and gzipped there for a client that asks (Prometheus does). What made each read of the
+    gateway's page a 100-300 ms spike in the fleet benchmark was a collector that held the lock throughout
+    (raven/ops/gcpause.py's frozen count); a thread does not help against that, so collectors must stay cheap.
+    prometheus-client's collection is thread-safe (each metric under its lock), and the services' own collectors
+    and gauge functions only read counters. Requests that arrive while a page is being produced share it: at most
+    one thread renders; none is kept (every scrape sees the counters of its moment)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._pending: asyncio.Future[bytes] | None = None
+        self._pages = PageCache(max_age=0.0, size=1)
 
-    async def render(self) -> bytes:
-        if self._pending is None or self._pending.done():
-            self._pending = asyncio.ensure_future(asyncio.to_thread(generate_latest, self.registry))
-            self._pending.add_done_callback(retrieve_exception)  # even when no request waits for it any more
-        return await asyncio.shield(self._pending)
+    def _build(self) -> Built:
+        return Built(Page.make(generate_latest(self.registry), CONTENT_TYPE_LATEST, level=1))
+
+    async def page(self) -> Page:
+        return await self._pages.get("metrics", lambda: self._build)
 
 
 async def start_ops_server(
@@ -55,8 +55,8 @@ async def start_ops_server(
     """
     page = MetricsPage(registry)
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=await page.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(request: web.Request) -> web.Response:
+        return respond(request, await page.page())
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

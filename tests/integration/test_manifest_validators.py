@@ -202,7 +202,7 @@ def test_scrape_config_matches_the_gateway_and_the_plain_job() -> None:
     assert scrape["authorization"] == {"type": "Bearer", "credentials": secret}
     (sd,) = scrape["httpSDConfigs"]
     assert sd["authorization"] == {"type": "Bearer", "credentials": secret}
-    assert sd["url"] == f"http://raven-gateway.{namespace}.svc:{ports['metrics']}/sd?port={ports['dcgm']}"
+    assert sd["url"] == f"http://raven-gateway.{namespace}.svc:{ports['metrics']}/sd?port={ports['dcgm']}&group=pool"
 
     plain = {j["job_name"]: j for j in yaml.safe_load((DEPLOY / "prometheus/scrape-config.yaml").read_text())[
         "scrape_configs"]}[scrape["jobName"]]

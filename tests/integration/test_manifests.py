@@ -607,8 +607,14 @@ def test_prometheus_scrape_config(tmp_path: Path) -> None:
     host = f"raven-gateway.{NAMESPACE}.svc"
     for job in jobs.values():
         (sd,) = job["http_sd_configs"]
-        assert sd["url"] == f"http://{host}:{ports['metrics']}/sd?port={ports['dcgm']}"
+        assert sd["url"] == f"http://{host}:{ports['metrics']}/sd?port={ports['dcgm']}&group=pool"
         keep = next(r for r in job["relabel_configs"] if r.get("action") == "labelkeep")
+        if job["job_name"] != "direct-dcgm":  # grouped tunnel targets: node from the target's name, before labelkeep
+            rules = job["relabel_configs"]
+            (named,) = [i for i, r in enumerate(rules) if r.get("target_label") == "node"]
+            assert rules[named]["source_labels"] == ["__address__"] and named < rules.index(keep)
+            name = re.fullmatch(rules[named]["regex"], "edge-gpu-7.site-a:9400")
+            assert name is not None and name.group(1) == "edge-gpu-7.site-a"
         for label in ("node", "pool", "__address__", "job", "instance"):
             assert re.fullmatch(keep["regex"], label), f"{job['job_name']} drops {label}"
         port_filter = next(r for r in job["relabel_configs"] if r.get("source_labels") == ["port"])

@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from gateway.status import render_html
+from gateway.statuspage import render_html
 from raven.demo.launch import LocalCluster, PoolSpec
 from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire

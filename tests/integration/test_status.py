@@ -78,8 +78,9 @@ async def test_raven_status_prints_pools_agents_and_failing_nodes(seen: Seen, tm
         assert row[1:5] == ["tunnel", agent, __version__, str(wire.PROTOCOL_VERSION)], row
     line = next(x for x in text.splitlines() if x.startswith("st-b-1"))
     assert "pool-b" in line and "502" in line and "cannot connect to node st-b-1" in line
-    # columns: NODE POOL REACH AGENTS LAST
-    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[4] == "200"
+    # columns: NODE POOL STATE REACH AGENTS LAST
+    assert next(x for x in text.splitlines() if x.startswith("st-a-1")).split()[2:6] == [
+        "ok", "tunnel", "agent-pool-a-1,agent-pool-a-2", "200"]
     as_json = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token),
                                       "-o", "json")
     snap = json.loads(as_json.stdout)
@@ -132,3 +133,56 @@ async def test_status_page_in_a_real_browser(seen: Seen, tmp_path: Path) -> None
     assert "cannot connect to node st-b-1" in row and "502" in row  # the failing node with its reason
     assert 'http-equiv="refresh"' in dom
     assert "http://" not in dom.split("<body>", 1)[0].replace(url, "")  # no external assets
+
+
+async def test_views_are_gzipped_and_answer_304_while_nothing_changed(seen: Seen) -> None:
+    """As Prometheus reads /sd (Accept-Encoding: gzip, then If-None-Match) and an operator the status."""
+    import gzip as gz
+
+    auth = seen.cluster.auth_headers
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), auto_decompress=False) as http:
+        for path in (f"/sd?group=pool&port={seen.port}", "/nodes", "/hosts", "/metrics"):
+            async with http.get(seen.ops + path, headers={**auth, "Accept-Encoding": "gzip"}) as resp:
+                assert resp.status == 200 and resp.headers["Content-Encoding"] == "gzip", path
+                body = gz.decompress(await resp.read())
+                etag = resp.headers["ETag"]
+            async with http.get(seen.ops + path, headers={**auth, "Accept-Encoding": "identity"}) as plain:
+                assert "Content-Encoding" not in plain.headers and await plain.read() == body, path
+            if path == "/metrics":
+                continue  # its counters move with every scrape: no 304 to expect
+            async with http.get(seen.ops + path, headers={**auth, "If-None-Match": etag}) as again:
+                assert again.status == 304 and again.headers["ETag"] == etag and await again.read() == b"", path
+            async with http.get(seen.ops + path, headers={**auth, "If-None-Match": 'W/"other"'}) as other:
+                assert other.status == 200, path
+        groups = json.loads(gz.decompress(await (await http.get(
+            seen.ops + f"/sd?group=pool&port={seen.port}", headers={**auth, "Accept-Encoding": "gzip"})).read()))
+    # One group per pool (all connected): every node a target of it, its labels the group's.
+    assert sorted((g["labels"]["pool"], sorted(g["targets"])) for g in groups) == [
+        ("pool-a", [f"st-a-1:{seen.port}", f"st-a-2:{seen.port}"]), ("pool-b", [f"st-b-1:{seen.port}"])]
+    assert all("node" not in g["labels"] and g["labels"]["__meta_raven_connected"] == "true" for g in groups)
+
+
+async def test_status_filters_over_http_and_in_raven_status(seen: Seen, tmp_path: Path) -> None:
+    auth = seen.cluster.auth_headers
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with http.get(seen.ops + "/status", params=[("state", "failing")], headers=auth) as resp:
+            snap = await resp.json()
+        assert [n["name"] for n in snap["nodes"]] == ["st-b-1"] and snap["matched"] == 1
+        assert snap["states"]["failing"] == 1 and snap["states"]["ok"] == 2
+        pool_b = next(p for p in snap["pools"] if p["pool"] == "pool-b")
+        assert pool_b["failing"] == 1 and pool_b["last_error"]["node"] == "st-b-1"
+        async with http.get(seen.ops + "/status", params={"pool": "pool-a", "limit": "1"}, headers=auth) as resp:
+            snap = await resp.json()
+        assert [n["name"] for n in snap["nodes"]] == ["st-a-1"] and snap["matched"] == 2
+        async with http.get(seen.ops + "/status.html", params={"q": "a-2"}, headers=auth) as resp:
+            page = await resp.text()
+        assert "<td>st-a-2</td>" in page and "<td>st-a-1</td>" not in page
+        async with http.get(seen.ops + "/status", params={"state": "sad"}, headers=auth) as resp:
+            assert resp.status == 400 and "state must be one of" in await resp.text()
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    out = await asyncio.to_thread(_raven, "status", "--gateway", seen.ops, "--token-file", str(token),
+                                  "--state", "ok", "--limit", "1")
+    assert out.returncode == 0, out.stderr
+    nodes = [x for x in out.stdout.splitlines() if x.startswith("st-")]
+    assert [x.split()[0] for x in nodes] == ["st-a-1"] and "... and 1 more (--offset 1" in out.stdout

@@ -47,6 +47,15 @@ from raven.aio import stop_process
 from raven.errors import TestbedError
 from tests.support.paths import ROOT
 
+
+def shipped_node_rule() -> dict[str, Any]:
+    """The shipped edge-dcgm job's relabel rule that gives a grouped /sd target its ``node`` label, as it is in
+    deploy/prometheus/scrape-config.yaml: the testbed's real Prometheus runs the very rule."""
+    jobs = yaml.safe_load((ROOT / "deploy/prometheus/scrape-config.yaml").read_text())["scrape_configs"]
+    edge = next(j for j in jobs if j["job_name"] == "edge-dcgm")
+    rule: dict[str, Any] = next(r for r in edge["relabel_configs"] if r.get("target_label") == "node")
+    return rule
+
 TOPOLOGY = ROOT / "deploy" / "testbed" / "topology.sh"
 CLOUD_IP = "10.200.0.1"
 OBSERVER_IP = "10.199.0.2"
@@ -166,11 +175,13 @@ class Testbed:
         ops = "127.0.0.1" if self.replicas == 1 else CLOUD_IP  # replicas: through the Service
 
         def sd(port: int) -> list[dict[str, Any]]:  # the inventory endpoint needs the token too
-            return [{"url": f"http://{ops}:10265/sd?port={port}", "refresh_interval": "1s",
+            # Grouped, as the shipped scrape configs ask (deploy/prometheus/scrape-config.yaml).
+            return [{"url": f"http://{ops}:10265/sd?port={port}&group=pool", "refresh_interval": "1s",
                      "authorization": bearer}]
 
         def keep(*reaches: str) -> list[dict[str, Any]]:  # one job per way of reaching a node
-            return [{"source_labels": ["__meta_raven_reach"], "regex": "|".join(reaches), "action": "keep"}]
+            rules = [{"source_labels": ["__meta_raven_reach"], "regex": "|".join(reaches), "action": "keep"}]
+            return rules + ([shipped_node_rule()] if "tunnel" in reaches else [])
 
         if self.replicas > 1:
             interval = f"{self.scrape_interval:g}s"

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession
-from gateway.status import _layer3_html, render_text
+from gateway.statuspage import _layer3_html, render_text
 from raven.layer3.config import GatewayLayer3 as Layer3Config
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire

@@ -98,13 +98,17 @@ def test_hosts_direct_internal_ip(tmp_path: Path) -> None:
 def test_sd_groups_and_query(tmp_path: Path) -> None:
     pools = Pools(gateway_config(tmp_path, pools={"cloud-1": {"reach": "layer3",
                                                               "nodes": [{"name": "c1", "address": "fd00::1"}]}}))
-    groups = discovery.groups([], [], pools, [9400], set(), set())
-    assert groups == [{"targets": ["[fd00::1]:9400"], "labels": {
-        "node": "c1", "pool": "cloud-1", "port": "9400", "instance": "c1:9400", "__meta_raven_reach": "layer3"}}]
-    assert discovery.groups([], [], pools, [9400], set(), {"tunnel"}) == []
+    every = discovery.SdQuery((9400,), frozenset(), frozenset())
+    for shape in discovery.SHAPES:  # a direct node keeps its own group in either shape: its instance is its own
+        groups, _ = discovery.groups([], pools, every._replace(group=shape), 0.0, 60.0)
+        assert groups == [{"targets": ["[fd00::1]:9400"], "labels": {
+            "node": "c1", "pool": "cloud-1", "port": "9400", "instance": "c1:9400", "__meta_raven_reach": "layer3"}}]
+    assert discovery.groups([], pools, every._replace(reaches=frozenset({"tunnel"})), 0.0, 60.0)[0] == []
     query = {"reach": "direct"}
     assert discovery.parse_query(query, lambda k, d: [query[k]] if k in query else d, [9400]) == (
-        [9400], set(), {"direct"})
+        (9400,), frozenset(), frozenset({"direct"}), "node")
+    with pytest.raises(discovery.BadQuery, match="group must be one of node, pool"):
+        discovery.parse_query({"group": "x"}, lambda k, d: ["x"] if k == "group" else d, [9400])
     with pytest.raises(discovery.BadQuery):
         discovery.parse_query({"x": "1"}, lambda k, d: d, [9400])
 
@@ -137,6 +141,8 @@ def test_a_direct_pools_node_claimed_by_a_tunnel_agent_stays_direct(tmp_path: Pa
     with pytest.raises(Refusal) as refused:
         pools.check_proxied("direct-1", reg.lookup("direct-1").entry)
     assert refused.value.status == 421 and "of pool 'pool-d'" in refused.value.text
-    groups = discovery.groups(reg.bound_nodes(), reg.known_nodes(), pools, [9400], set(), set())
+    _, views = reg.node_views()
+    groups, _ = discovery.groups(views.values(), pools, discovery.SdQuery((9400,), frozenset(), frozenset()), 0.0,
+                                 60.0)
     assert sorted((g["labels"]["node"], g["labels"]["__meta_raven_reach"]) for g in groups) == [
         ("direct-1", "direct"), ("edge-s-1", "tunnel")]

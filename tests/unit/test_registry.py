@@ -66,12 +66,12 @@ def test_reregistration_replaces_the_node_set() -> None:
     reg.add_session(a)
     reg.register(a, [node("edge-1", "pool-a"), node("edge-2", "pool-a")])
     reg.register(a, [node("edge-2", "pool-a")])
-    assert [e.name for e in reg.reachable_nodes()] == ["edge-2"]
+    assert [e.name for e in reg.reachable_nodes()] == ["edge-2"] and reg.reachable_count() == 1
     # A withdrawn node is forgotten; a node whose agent merely disconnected is still known.
     assert [e.name for e in reg.known_nodes()] == ["edge-2"]
     reg.remove_session(a)
     assert [e.name for e in reg.known_nodes()] == ["edge-2"]
-    assert reg.reachable_nodes() == []
+    assert reg.reachable_nodes() == [] and reg.reachable_count() == 0  # the count follows the change
 
 
 def test_select_prefers_usable_and_least_loaded() -> None:
@@ -294,13 +294,18 @@ def test_a_node_whose_agents_left_stays_a_discovery_target_while_bound(tmp_path:
     assert [e.name for e in reg.bound_nodes(now=released + 59)] == ["edge-1"]
     assert reg.bound_nodes(now=released + 61) == []
     pools = Pools(gateway_config(tmp_path))
-    groups = discovery.groups(reg.bound_nodes(now=released + 1), reg.known_nodes(), pools, [9400], set(), set())
+    query = discovery.SdQuery((9400,), frozenset(), frozenset())
+    _, views = reg.node_views()
+    groups, expires = discovery.groups(views.values(), pools, query, released + 1, 60)
     assert [(g["targets"], g["labels"]["__meta_raven_connected"], g["labels"]["__meta_raven_agents"])
             for g in groups] == [(["edge-1:9400"], "false", "")]
+    assert expires == released + 60  # the page says when the node stops being a target
+    assert discovery.groups(views.values(), pools, query, released + 61, 60) == ([], float("inf"))
     b = agent("a2", {"pool-a"}, sid="s2")
     reg.add_session(b)
     reg.register(b, [node("edge-1", "pool-a")])
-    groups = discovery.groups(reg.bound_nodes(), reg.known_nodes(), pools, [9400], set(), set())
+    _, views = reg.node_views()
+    groups, _ = discovery.groups(views.values(), pools, query, released + 1, 60)
     assert [(g["labels"]["__meta_raven_connected"], g["labels"]["__meta_raven_agents"]) for g in groups] == [
         ("true", "a2")]
 

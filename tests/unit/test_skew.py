@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.status import render_html, render_text
+from gateway.statuspage import render_html, render_text
 from raven import __version__, version
 from raven.config import GatewayConfig
 from raven.ops.metrics import AgentMetrics, GatewayMetrics
