@@ -167,8 +167,10 @@ async def test_an_agents_strings_reach_no_terminal_page_or_log_raw(bed: Bed) -> 
     lines = text.splitlines()
     evil = next(line for line in lines if line.startswith("ps-evil"))
     assert "\\x1b[2J\\x1b]0;pwned\\x07\\r\\n" + FORGED_ROW in evil and "\\u202eevil" in evil, evil
-    assert [line for line in lines if "FORGED" in line] == [evil]  # the forged row is inside the real one
-    assert [line.split()[0] for line in lines if line.startswith("ps-")] == ["ps-1", "ps-evil"]
+    # The forged row is only ever inside a real one (the node's row and its pool's latest error), escaped.
+    forged = [line for line in lines if "FORGED" in line]
+    assert evil in forged and all("\\r\\n" + FORGED_ROW in line for line in forged), forged
+    assert sorted(line.split()[0] for line in lines if line.startswith("ps-")) == ["ps-1", "ps-evil"]
     sessions = [line.split()[5] for line in lines if line.startswith("pool-p")]
     assert all(re.fullmatch(r"[0-9a-f]{8}", s) for s in sessions), sessions  # the refused id is not there
 
