@@ -28,6 +28,7 @@ from gateway.nodeview import NodeView
 from gateway.pools import Pools
 from raven.config.pools import REACHES
 from raven.errors import RavenError
+from raven.protocol.wire import valid_pool_name
 
 PARAMETERS = ("port", "pool", "reach", "group")
 SHAPES = ("node", "pool")
@@ -66,8 +67,11 @@ def parse_query(query: Mapping[str, str], getall: Any, allowed_ports: Sequence[i
     if len(shapes) > 1 or any(s not in SHAPES for s in shapes):
         raise BadQuery(f"group must be one of {', '.join(SHAPES)} (once), got {[s[:20] for s in shapes[:2]]}")
     pools = getall("pool", [])
-    if len(pools) > 64 or any(len(p) > 63 for p in pools):
-        raise BadQuery("pool: at most 64 pools of at most 63 characters each")
+    if len(pools) > 64:
+        raise BadQuery("pool: at most 64 pools")
+    for value in pools:
+        if not valid_pool_name(value):
+            raise BadQuery(f"pool must be a pool name (an RFC 1123 label), got {value[:63]!r}")
     return SdQuery(tuple(ports), frozenset(pools), frozenset(reaches), shapes[0] if shapes else "node")
 
 

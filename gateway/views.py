@@ -44,6 +44,7 @@ class Views:
         self.nodes_pages = PageCache(max_age=KEEP, size=2)
         self.hosts_pages = PageCache(max_age=KEEP, size=1)
         self.status_pages = PageCache(max_age=1.0, size=16)
+        self._pools_seen: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def _versions(self) -> tuple[int, int, dict[str, NodeView], Pools]:
         """(registry version, pools version, node views, a copy of the pools' settings): on the loop."""
@@ -52,9 +53,22 @@ class Views:
 
     # ------------------------------------------------------------ /sd
 
+    def _known_pools(self, version: int, views: dict[str, NodeView]) -> frozenset[str]:
+        """Every pool a node or the configuration names: counted once per version of the node views."""
+        if self._pools_seen[0] != version:
+            configured = self.gw.pools.configured_pools()
+            self._pools_seen = (version, frozenset({v.pool for v in views.values()}.union(configured)))
+        return self._pools_seen[1]
+
     async def sd(self, query: discovery.SdQuery) -> Page:
         reg = self.gw.registry
-        version, pools_version, _, _ = self._versions()
+        version, pools_version, node_views, _ = self._versions()
+        if query.pools:
+            # Pools no node is in select nothing: dropped from the key, so that made-up names cannot make pages
+            # without end (each a render, each pushing Prometheus's own page out of the cache).
+            query = query._replace(pools=query.pools & self._known_pools(version, node_views))
+            if not query.pools:
+                return Page.make(b"[]", JSON)
         made_of: Hashable = (version, pools_version, reg.rebind_after)
 
         def snapshot() -> Render:

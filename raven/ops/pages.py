@@ -62,7 +62,8 @@ class PageCache:
 
     ``max_age``: seconds a page is served after it was made (0: only shared while it is being made, as /metrics).
     ``size``: pages kept (least recently used dropped) and renders under way at once, at most; a reader asking
-    for yet another while ``size`` are being made is refused (:class:`Busy`) rather than queueing threads.
+    for yet another while ``size`` are being made gets that key's last page, out of date, if one is kept, and
+    is refused (:class:`Busy`) otherwise, rather than queueing threads.
     A page is kept per ``key`` (what was asked) with the ``version`` of what it was made from: a page of another
     version replaces it, so that a fleet's churn does not fill the cache with pages nobody will ask for again.
     """
@@ -72,6 +73,7 @@ class PageCache:
         self.size = size
         self._done: OrderedDict[Hashable, tuple[Built, float, Hashable]] = OrderedDict()  # key -> (built, at, version)
         self._pending: dict[tuple[Hashable, Hashable], asyncio.Future[Built]] = {}  # (key, version) -> render
+        self._latest: dict[Hashable, Hashable] = {}  # key -> the version of its newest render under way
         self.renders = 0  # how many renders ran (tests and benchmarks read it)
 
     def cached(self, key: Hashable, version: Hashable = None, now: float | None = None) -> Page | None:
@@ -95,7 +97,11 @@ class PageCache:
         pending = self._pending.get((key, version))
         if pending is None:
             if len(self._pending) >= self.size:
+                stale = self._done.get(key)
+                if stale is not None:  # this key's last page, out of date: better than none while others render
+                    return stale[0].page
                 raise Busy(f"{len(self._pending)} pages are being made already")
+            self._latest[key] = version
             render = snapshot()
             pending = asyncio.ensure_future(asyncio.to_thread(render))
             pending.add_done_callback(retrieve_exception)  # even when no reader waits for it any more
@@ -108,8 +114,11 @@ class PageCache:
     def _finished(self, key: Hashable, version: Hashable, fut: asyncio.Future[Built]) -> None:
         if self._pending.get((key, version)) is fut:
             del self._pending[key, version]
-        if fut.cancelled() or fut.exception() is not None or self.max_age <= 0:
-            return
+        latest = self._latest.get(key)
+        if not any(k == key for k, _ in self._pending):
+            self._latest.pop(key, None)
+        if fut.cancelled() or fut.exception() is not None or self.max_age <= 0 or latest != version:
+            return  # failed, or an older version than a render started since: it must not replace a newer page
         self._done[key] = (fut.result(), time.monotonic(), version)
         self._done.move_to_end(key)
         while len(self._done) > self.size:

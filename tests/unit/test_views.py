@@ -219,3 +219,58 @@ async def test_a_view_read_costs_the_loop_little_at_10000_nodes(tmp_path: Path) 
     per_read = (time.perf_counter() - started) / 100
     print(f"/sd read when kept: {per_read * 1e6:.0f} us")
     assert per_read < 0.002 and v.sd_pages.renders == 1
+
+
+async def test_made_up_pools_in_sd_queries_make_no_pages_and_do_not_push_out_prometheus_page(tmp_path: Path) -> None:
+    """Review finding: every distinct ``?pool=`` set was a page of its own, so a client with a token could render
+    pages without end and push the page Prometheus asks for out of the cache (then 503 while others render)."""
+    reg, pools, last, _ = fleet(tmp_path)
+    v = views.Views(fake_gateway(reg, pools, last))
+    prometheus = discovery.SdQuery((9400,), frozenset(), frozenset(), "pool")
+    first = await v.sd(prometheus)
+    for i in range(50):
+        made_up = discovery.SdQuery((9400,), frozenset({f"nope-{i}", f"nix-{i}"}), frozenset(), "pool")
+        assert json.loads((await v.sd(made_up)).body) == []
+    assert v.sd_pages.renders == 1 and await v.sd(prometheus) is first
+    # A known pool beside a made-up one: the page of the known pool alone (one key for both asks).
+    mixed = await v.sd(discovery.SdQuery((9400,), frozenset({"pool-1", "nope"}), frozenset(), "pool"))
+    alone = await v.sd(discovery.SdQuery((9400,), frozenset({"pool-1"}), frozenset(), "pool"))
+    assert mixed is alone and {g["labels"]["pool"] for g in json.loads(alone.body)} == {"pool-1"}
+    with pytest.raises(discovery.BadQuery, match="pool name"):
+        discovery.parse_query({"pool": "x"}, lambda key, default: ["bad pool\x1b"] if key == "pool" else default,
+                              [9400])
+
+
+async def test_an_older_render_never_replaces_a_newer_page_and_a_busy_cache_serves_a_keys_last_page() -> None:
+    from raven.ops.pages import Built, Busy, Page, PageCache
+
+    cache = PageCache(max_age=60, size=1)
+    gates = {v: threading.Event() for v in (1, 2)}
+
+    def snapshot(version: int) -> Any:
+        def render() -> Built:
+            gates[version].wait(5)
+            return Built(Page.make(f"v{version}".encode(), "text/plain"))
+        return lambda: render
+
+    old = asyncio.create_task(cache.get("k", snapshot(1), 1))
+    await asyncio.sleep(0.01)
+    with pytest.raises(Busy):  # one render at most, and no page of "k" kept yet
+        await cache.get("other", snapshot(2), 2)
+    cache.size = 2
+    new = asyncio.create_task(cache.get("k", snapshot(2), 2))
+    await asyncio.sleep(0.01)
+    gates[2].set()
+    assert (await new).body == b"v2"
+    gates[1].set()
+    assert (await old).body == b"v1"  # its reader gets what it waited for ...
+    kept = cache.cached("k", 2)
+    assert kept is not None and kept.body == b"v2"  # ... the cache keeps v2
+    # Busy with renders of other keys: "k" is answered with its last page, out of date, not refused.
+    cache.size = 1
+    gates[3] = threading.Event()
+    other = asyncio.create_task(cache.get("other", snapshot(3), 3))
+    await asyncio.sleep(0.01)
+    assert (await cache.get("k", snapshot(4), 4)).body == b"v2"
+    gates[3].set()
+    await other
