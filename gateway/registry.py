@@ -485,10 +485,3 @@ class Registry:
 
     def reachable_nodes(self) -> list[NodeEntry]:
         return sorted((e for e in self.nodes.values() if e.sessions), key=lambda e: e.name)
-
-    def bound_nodes(self, now: float | None = None) -> list[NodeEntry]:
-        """Nodes with an agent now, and those whose agents left less than ``rebind_after`` ago (still their
-        pool's: a cut uplink, a restarting agent), which the front end answers with 503 meanwhile."""
-        now = time.monotonic() if now is None else now
-        return sorted((e for e in self.nodes.values()
-                       if e.sessions or now - (e.released_at or now) < self.rebind_after), key=lambda e: e.name)
