@@ -6,10 +6,12 @@ raven/transport/pacer.py), so that the order is decided at the last moment, when
 
 1. control frames first, all of them: OPEN, HEAD, WINDOW, PING/PONG, END and RESET of streams with nothing queued,
    the service's control frames. They are small and what they start or keep alive is what waits on them;
-2. then the DATA of the streams, the least served first: each turn serves one stream at most ``QUANTUM`` bytes,
-   choosing the one that has sent the fewest bytes so far (a scrape's page, a response's first bytes, before a
-   download that has sent megabytes). A stream that has sent ``BULK_AFTER`` bytes counts as bulk: bulk streams
-   and layer-3 packets (DATAGRAM frames, one flow) share what is left in round robin;
+2. then the DATA of the streams, in turns: a turn serves one stream at most ``QUANTUM`` bytes while another
+   waits (the only one waiting takes what the budget has left). Small streams go first, the least served first
+   (a scrape's page, a response's first bytes, before a download that has sent megabytes). A stream that has
+   sent ``BULK_AFTER`` bytes counts as bulk; bulk streams and layer-3 packets (DATAGRAM frames, one flow) take
+   turns in round robin, and they are owed one turn after every ``SMALL_TURNS`` small ones, so a steady flow
+   of new small streams slows them but never stops them;
 3. last, GOAWAY (it ends the session: what was queued before it still goes).
 
 Within one stream the order is kept: its END or RESET waits behind its queued DATA (a response is never cut by
@@ -51,12 +53,14 @@ class _Flow:
 
 
 class Outbox:
-    __slots__ = ("_data_head", "_flows", "_frames", "_last", "_ready", "_turn", "batched", "pending_bytes")
+    __slots__ = ("_bulk", "_data_head", "_flows", "_frames", "_last", "_ready", "_small_turns", "_turn", "batched",
+                 "pending_bytes")
 
     BATCH_BUDGET: Final = 128 * 1024  # bytes of frames per batched message (every peer accepts 256 KiB)
     DATAGRAM_QUEUE: Final = 256 * 1024  # bytes of layer-3 packets waiting to go; more are refused, never queued
     QUANTUM: Final = 16 * 1024  # payload bytes one stream sends per turn while another waits
-    BULK_AFTER: Final = 256 * 1024  # a stream that has sent this much waits behind every other (round robin)
+    BULK_AFTER: Final = 256 * 1024  # a stream that has sent this much is bulk (round robin with the packets)
+    SMALL_TURNS: Final = 4  # small turns in a row while bulk waits; then bulk has one
     MIN_PART: Final = 1024  # the smallest part a DATA frame is split into to fit a budget
 
     def __init__(self, batched: bool) -> None:
@@ -65,7 +69,9 @@ class Outbox:
         self._frames: list[_Out] = []  # control frames: everything queued leaves at the next take
         self._last: list[_Out] = []  # GOAWAY
         self._flows: dict[int, _Flow] = {}  # per stream while it lives (and the packets' flow)
-        self._ready: list[tuple[int, int, int]] = []  # (place in line, turn, flow id): flows with frames queued
+        self._ready: list[tuple[int, int, int]] = []  # (place in line, turn, flow id): small flows with frames
+        self._bulk: list[tuple[int, int, int]] = []  # the same for bulk flows (their place: the turn, round robin)
+        self._small_turns = 0  # small turns served in a row while bulk waited
         self._turn = 0
         self.pending_bytes = 0  # bytes queued and not yet taken
 
@@ -120,7 +126,8 @@ class Outbox:
 
     def _enter(self, flow_id: int, flow: _Flow) -> None:
         flow.entry = self._turn
-        heapq.heappush(self._ready, (min(flow.sent, self.BULK_AFTER), self._turn, flow_id))
+        bulk = flow.sent >= self.BULK_AFTER
+        heapq.heappush(self._bulk if bulk else self._ready, (min(flow.sent, self.BULK_AFTER), self._turn, flow_id))
         self._turn += 1
 
     def queued(self, stream_id: int) -> int:
@@ -133,10 +140,11 @@ class Outbox:
         flow = self._flows.pop(stream_id, None)
         if flow is not None:
             self.pending_bytes -= flow.queued
-        if len(self._ready) > 2 * len(self._flows) + 64:  # entries of dropped flows: bounded, not left to a take
+        if len(self._ready) + len(self._bulk) > 2 * len(self._flows) + 64:  # entries of dropped flows: bounded
             flows = self._flows
-            self._ready = [e for e in self._ready if (f := flows.get(e[2])) is not None and f.entry == e[1]]
-            heapq.heapify(self._ready)
+            for heap in (self._ready, self._bulk):
+                heap[:] = [e for e in heap if (f := flows.get(e[2])) is not None and f.entry == e[1]]
+                heapq.heapify(heap)
 
     def forget(self, stream_id: int) -> None:
         """The stream ended: its account goes once its queued frames have left."""
@@ -160,20 +168,22 @@ class Outbox:
         self._frames = []
         size = sum(len(h) + (len(b) if b is not None else 0) for h, b in out)
         left = (1 << 62) if budget is None else budget - size
-        ready = self._ready
-        while ready and left > 0:
-            _, turn, flow_id = heapq.heappop(ready)
+        small, bulk = self._ready, self._bulk
+        while (small or bulk) and left > 0:
+            bulk_turn = bool(bulk) and (not small or self._small_turns >= self.SMALL_TURNS)
+            _, turn, flow_id = heapq.heappop(bulk if bulk_turn else small)
             flow = self._flows.get(flow_id)
             if flow is None or flow.entry != turn:
                 continue  # dropped (reset) or entered again since
+            self._small_turns = 0 if bulk_turn or not bulk else self._small_turns + 1
             flow.entry = -1
-            quantum = left if everything or not ready else min(left, self.QUANTUM)
+            quantum = left if everything or not (small or bulk) else min(left, self.QUANTUM)
             taken = self._serve(flow_id, flow, quantum, out)
             left -= taken
             size += taken
             if flow.queue:
                 self._enter(flow_id, flow)
-        if not ready and self._last:
+        if not (small or bulk) and self._last:
             size += sum(len(h) + (len(b) if b is not None else 0) for h, b in self._last)
             out += self._last
             self._last = []
@@ -196,7 +206,7 @@ class Outbox:
             if isinstance(payload, memoryview):  # DATA: encoded now, split if it does not fit
                 fin = bool(item[1])
                 room = quantum - taken - hsize
-                if len(payload) <= max(room, 0):
+                if len(payload) <= max(room, 0 if taken else self.MIN_PART):  # never an empty part left behind
                     queue.popleft()
                 elif taken:
                     break  # the next turn

@@ -34,7 +34,6 @@ from raven.protocol.outbox import Outbox
 from raven.protocol.state import LIVE, OVER, SessionEvent, SessionState, next_state
 from raven.protocol.stream import (  # re-exported: the core's public names
     TRANSITIONS,
-    WHY_NOT,
     Half,
     LocalProtocolError,
     Step,
@@ -185,13 +184,6 @@ class Session:
         )
         return stream_id
 
-    @staticmethod
-    def _local_next(st: StreamState, step: Step) -> Half:
-        nxt = TRANSITIONS.get((st.local, step))
-        if nxt is None:
-            raise LocalProtocolError(f"stream {st.id}: {WHY_NOT.get((st.local, step), 'not allowed')} (local)")
-        return nxt
-
     def _stream(self, stream_id: int) -> StreamState:
         st = self.streams.get(stream_id)
         if st is None:
@@ -202,7 +194,7 @@ class Session:
         """Queue the response head (acceptor side)."""
         st = self._stream(stream_id)
         frame = wire.Head(stream_id, status, reason, headers, fin)
-        nxt = self._local_next(st, Step.HEAD_FIN if fin else Step.HEAD)
+        nxt = st.local_next(Step.HEAD_FIN if fin else Step.HEAD)
         self.out.frame(frame)  # encoding raises for an unencodable head before the state moves
         st.local = nxt
         self._release_if_done(st)
@@ -215,13 +207,13 @@ class Session:
         """
         st = self._stream(stream_id)
         view = data if isinstance(data, memoryview) else memoryview(data)
-        st.local = self._local_next(st, Step.DATA)  # raises before any credit is taken
+        st.local = st.local_next(Step.DATA)  # raises before any credit is taken
         n = st.credit.take(min(len(view), self.limits.max_data))
         last = fin and n == len(view)
         if n == 0 and not last:
             return 0
         if last:
-            st.local = self._local_next(st, Step.FIN)
+            st.local = st.local_next(Step.FIN)
         self.out.data(stream_id, view[:n] if n < len(view) else view, last)
         if last:
             self._release_if_done(st)
@@ -232,19 +224,23 @@ class Session:
         st = self.streams.get(stream_id)
         if st is None or st.local is Half.DONE:
             return
-        st.local = self._local_next(st, Step.FIN)
+        st.local = st.local_next(Step.FIN)
         self.out.after_data(stream_id, wire.End(stream_id))  # behind the stream's queued data
         self._release_if_done(st)
 
     def reset_stream(self, stream_id: int, code: int, reason: str) -> None:
-        """Abort the stream both ways and tell the peer (idempotent). Its queued data is dropped unless its FIN is
-        queued too (a complete answer: RESET then only says "stop sending", behind it)."""
+        """Abort the stream both ways and tell the peer (idempotent; :meth:`_abort_stream` says what leaves)."""
         st = self.streams.pop(stream_id, None)
-        if st is None:
-            return
-        if st.local is not Half.DONE:
+        if st is not None:
+            self._abort_stream(stream_id, st, wire.Reset(stream_id, code, reason))
+
+    def _abort_stream(self, stream_id: int, st: StreamState | None, frame: wire.Reset | None) -> None:
+        """A stream aborted here (out of the table): its queued data is dropped, RESET (if any) first, unless its
+        FIN is queued too (a complete answer: RESET then only says "stop sending", behind it)."""
+        if st is None or st.local is not Half.DONE:
             self.out.drop(stream_id)
-        self.out.after_data(stream_id, wire.Reset(stream_id, code, reason))
+        if frame is not None:
+            self.out.after_data(stream_id, frame)
         self.out.forget(stream_id)
 
     def consumed(self, stream_id: int, n: int) -> None:
@@ -344,11 +340,11 @@ class Session:
         if err.stream_id == 0:
             self._end(f"protocol error: {err.reason}", wire.ResetCode.PROTOCOL, EndCause.PROTOCOL, goaway=True)
             return
-        if self.streams.pop(err.stream_id, None) is not None:
+        st = self.streams.pop(err.stream_id, None)
+        if st is not None:
             self._events.append(StreamAborted(err.stream_id, err.code, err.reason, False))
             self._events.append(StreamClosed(err.stream_id))
-        self.out.drop(err.stream_id)
-        self.out.frame(wire.Reset(err.stream_id, err.code, err.reason))
+        self._abort_stream(err.stream_id, st, wire.Reset(err.stream_id, err.code, err.reason))
         try:
             self._void()  # each costs a RESET: a peer that provokes them without end is cut off
         except wire.ProtocolError as void:
@@ -363,17 +359,12 @@ class Session:
         if goaway:
             self.out.frame(wire.GoAway(code, reason))
         events = self._events
-        for sid in list(self.streams):
-            events.append(StreamAborted(sid, wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", False))
-            events.append(StreamClosed(sid))
+        for sid, st in self.streams.items():  # GOAWAY says RESET for each; their stale data does not hold it up
+            self._abort_stream(sid, st, None)
+            events += (StreamAborted(sid, wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", False),
+                       StreamClosed(sid))
         self.streams.clear()
         events.append(SessionEnded(reason, code, cause))
-
-    def _remote_step(self, st: StreamState, step: Step) -> None:
-        nxt = TRANSITIONS.get((st.remote, step))
-        if nxt is None:
-            raise wire.ProtocolError(WHY_NOT.get((st.remote, step), "frame not allowed here"), st.id)
-        st.remote = nxt
 
     def _closed_by_peer(self, st: StreamState) -> None:
         if st.local is Half.DONE and st.remote is Half.DONE:
@@ -387,14 +378,14 @@ class Session:
         st = self._stream_for(frame.stream_id)
         if st is None:
             return
-        self._remote_step(st, Step.DATA)
+        st.remote_step(Step.DATA)
         data = frame.data if isinstance(frame.data, memoryview) else memoryview(frame.data)
         if data:
             st.recv.received(len(data), st.id)
         elif not frame.fin:
             self._void()
         if frame.fin:
-            self._remote_step(st, Step.FIN)
+            st.remote_step(Step.FIN)
         self._events.append(DataReceived(st.id, data, frame.fin))
         if frame.fin:
             self._closed_by_peer(st)
@@ -411,7 +402,7 @@ class Session:
             return
         if not self._is_own_id(st.id):
             raise wire.ProtocolError("HEAD on a stream the peer opened", st.id)
-        self._remote_step(st, Step.HEAD_FIN if frame.fin else Step.HEAD)
+        st.remote_step(Step.HEAD_FIN if frame.fin else Step.HEAD)
         self._events.append(HeadReceived(st.id, frame))
         if frame.fin:
             self._events.append(DataReceived(st.id, memoryview(b""), True))
@@ -421,7 +412,7 @@ class Session:
         st = self._stream_for(frame.stream_id)
         if st is None:
             return
-        self._remote_step(st, Step.FIN)
+        st.remote_step(Step.FIN)
         self._events.append(DataReceived(st.id, memoryview(b""), True))
         self._closed_by_peer(st)
 

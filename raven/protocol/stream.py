@@ -89,3 +89,17 @@ class StreamState:
         self.remote = remote
         self.recv = RecvWindow(window)
         self.credit = SendCredit(peer_window)
+
+    def local_next(self, step: Step) -> Half:
+        """The half this side's ``step`` leads to (not taken yet); raises :class:`LocalProtocolError`."""
+        nxt = TRANSITIONS.get((self.local, step))
+        if nxt is None:
+            raise LocalProtocolError(f"stream {self.id}: {WHY_NOT.get((self.local, step), 'not allowed')} (local)")
+        return nxt
+
+    def remote_step(self, step: Step) -> None:
+        """Take the peer's ``step``; a step the table does not allow is the peer's protocol error."""
+        nxt = TRANSITIONS.get((self.remote, step))
+        if nxt is None:
+            raise wire.ProtocolError(WHY_NOT.get((self.remote, step), "frame not allowed here"), self.id)
+        self.remote = nxt

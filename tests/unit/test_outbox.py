@@ -169,3 +169,58 @@ def test_streams_reset_with_data_queued_leave_no_trace() -> None:
         box.drop(sid)
     assert box.pending_bytes == 0 and box.take() == []
     assert len(box._ready) <= 64 and not box._flows  # what is left of 10,000 streams
+
+
+def test_no_empty_data_frame_leaves_whatever_the_budgets() -> None:
+    """A small chunk behind a budget smaller than it: taken whole, never split into itself and an empty rest
+    (an empty DATA frame without FIN is a void frame to the peer, which counts them and ends the session)."""
+    import random
+
+    rng = random.Random(29)
+    for batched in (False, True):
+        for _ in range(200):
+            box = Outbox(batched=batched)
+            for sid in (1, 3, 5):
+                for _ in range(rng.randint(1, 4)):
+                    box.data(sid, memoryview(b"d" * rng.choice((1, 100, 1000, 1024, 1500, 20_000))), fin=False)
+            box.data(7, memoryview(b""), fin=True)
+            while box.pending_bytes:
+                frames = frames_of(box.take(rng.choice((1, 10, 50, 1000, 1030, 2000, 16_400, 40_000))), batched)
+                assert all(f.data or f.fin for f in frames if isinstance(f, wire.Data)), frames
+            assert box.take() == []
+
+
+def test_the_reported_budgets_send_no_empty_frame() -> None:
+    box = Outbox(batched=True)
+    box.data(1, memoryview(b"a" * 20_000), fin=False)
+    for _ in range(2):
+        box.data(3, memoryview(b"b" * 100), fin=False)
+    frames = [f for budget in (16_400, 50, 50, None) for f in frames_of(box.take(budget), batched=True)]
+    assert [f for f in frames if isinstance(f, wire.Data) and not f.data] == []
+    assert sum(len(f.data) for f in frames if isinstance(f, wire.Data)) == 20_200
+
+
+def test_bulk_streams_and_packets_are_served_while_small_streams_keep_coming() -> None:
+    """A steady flow of new small streams (each under BULK_AFTER): the download past BULK_AFTER and the layer-3
+    packets still get one turn after every SMALL_TURNS small ones; the small streams keep most of the link."""
+    box = Outbox(batched=True)
+    for _ in range(Outbox.BULK_AFTER // 65536 + 1):
+        box.data(1, memoryview(b"x" * 65536), fin=False)
+    box.take(Outbox.BULK_AFTER + 1000)  # stream 1 is bulk now
+    for _ in range(100):
+        box.data(1, memoryview(b"x" * 65536), fin=False)
+    packets = 0
+    while box.datagram(b"p" * 1200):
+        packets += 1
+    got: dict[str, int] = {"bulk": 0, "small": 0, "packets": 0}
+    sid = 3
+    for _ in range(100):  # every take, a new scrape arrives with a page in flight
+        box.data(sid, memoryview(b"s" * 40_000), fin=True)  # more than the link takes
+        sid += 2
+        for frame in frames_of(box.take(2 * Outbox.QUANTUM), batched=True):
+            if isinstance(frame, wire.Datagram):
+                got["packets"] += 1
+            elif isinstance(frame, wire.Data):
+                got["bulk" if frame.stream_id == 1 else "small"] += len(frame.data)
+    assert got["bulk"] > 5 * Outbox.QUANTUM and got["packets"] > 50
+    assert got["small"] > 2 * got["bulk"]

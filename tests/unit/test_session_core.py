@@ -230,3 +230,52 @@ def test_a_scrape_opened_behind_a_download_backlog_is_answered_first() -> None:
     events = link_turn(16 * 1024)
     assert any(isinstance(e, StreamAborted) and e.stream_id == download for e in events)
     assert ag.pending_bytes == 0 and got[download] < 48 * 1024
+
+
+def _big_pair() -> tuple[Session, Session]:
+    window = 256 * 1024
+    common = dict(local_window=window, peer_window=window, local_max_streams=8, peer_max_streams=8)
+    return Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+
+
+def test_goaway_leaves_at_close_without_waiting_for_aborted_streams_data() -> None:
+    """Closing with downloads' windows queued (about 1 MiB): the aborted streams' data is dropped, so GOAWAY
+    leaves in the next small turn of a slow link; a complete answer (its FIN queued) still goes before it."""
+    gw, ag = _big_pair()
+    downloads = [gw.open_stream(op(f"edge-{i}")) for i in range(4)]
+    answered = gw.open_stream(op("edge-9", fin=False))  # the request body still comes: the stream stays open
+    relay(gw, ag)
+    for sid in downloads:
+        ag.send_head(sid, 200, "OK", ())
+        while ag.send_data(sid, b"d" * 65536):
+            pass
+    ag.send_head(answered, 200, "OK", ())
+    ag.send_data(answered, b"a" * 3000, fin=True)
+    assert ag.pending_bytes > 4 * 250_000
+    ag.close(wire.ResetCode.SESSION_CLOSED, "agent stopping")
+    frames = [f for m in ag.data_to_send(16 * 1024) for f in wire.split_batch(m)]
+    decoded = [wire.decode(f) for f in frames]
+    assert isinstance(decoded[-1], wire.GoAway) and ag.pending_bytes == 0
+    data = [f for f in decoded if isinstance(f, wire.Data)]
+    assert {f.stream_id for f in data} == {answered} and sum(len(f.data) for f in data) == 3000 and data[-1].fin
+
+
+def test_a_stream_error_after_a_complete_answer_resets_behind_it() -> None:
+    """One rule for every abort (reset_stream, a peer's stream error, the session's end): a stream whose FIN is
+    queued keeps its answer and the RESET goes behind it; a stream still sending loses its data, RESET first."""
+    gw, ag = _big_pair()
+    done = gw.open_stream(op("edge-1", fin=False))
+    busy = gw.open_stream(op("edge-2", fin=False))
+    relay(gw, ag)
+    for sid, fin in ((done, True), (busy, False)):
+        ag.send_head(sid, 200, "OK", ())
+        assert ag.send_data(sid, b"x" * 50_000, fin=fin) == 50_000
+    for sid in (done, busy):  # a HEAD from the peer on a stream it opened: a stream error for each
+        head = wire.encode(wire.Head(sid, 200))
+        events = ag.receive(wire.length_prefix(len(head)) + head, 0.0)
+        assert any(isinstance(e, StreamAborted) and e.stream_id == sid for e in events)
+    decoded = [wire.decode(f) for m in ag.data_to_send() for f in wire.split_batch(m)]
+    mine = {sid: [f for f in decoded if getattr(f, "stream_id", 0) == sid] for sid in (done, busy)}
+    assert isinstance(mine[done][-1], wire.Reset) and sum(
+        len(f.data) for f in mine[done] if isinstance(f, wire.Data)) == 50_000
+    assert [type(f) for f in mine[busy]] == [wire.Head, wire.Reset]
