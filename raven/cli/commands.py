@@ -16,6 +16,7 @@ from typing import Any
 
 from raven import logsafe, version
 from raven.cli import certs, install
+from raven.cli import check as check_cmd
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.layer3 import noderoutes
@@ -341,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     certs.add_parser(sub)
     install.add_parser(sub)
+    check_cmd.add_parser(sub)
     noderoutes.add_parser(sub)
 
     def names_args(p: argparse.ArgumentParser) -> None:
