@@ -32,8 +32,9 @@ def failed(check: str, detail: str, fix: str) -> Result:
 
 def render_text(results: Sequence[Result]) -> str:
     lines = []
+    width = max((len(r.check) for r in results), default=0)
     for r in results:
-        lines.append(f"{OK_MARK if r.ok else FAIL_MARK} {r.check:<18} {_scrub(r.detail)}")
+        lines.append(f"{OK_MARK if r.ok else FAIL_MARK} {r.check:<{width}}  {_scrub(r.detail)}")
         if not r.ok and r.fix:
             lines.extend(f"    fix: {_scrub(line)}" if i == 0 else f"         {_scrub(line)}"
                          for i, line in enumerate(r.fix.splitlines()))
