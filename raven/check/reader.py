@@ -42,6 +42,7 @@ class ClusterView:
     hosts_configmap: Obj | None = None
     coredns_configmap: Obj | None = None
     coredns_deployment: Obj | None = None
+    dns_service: Obj | None = None  # kube-system/kube-dns: the cluster DNS's ClusterIP
     nodes: list[Obj] = field(default_factory=list)
     agents: list[Obj] = field(default_factory=list)  # agent Deployments, one per pool
     secrets: dict[str, Obj | None] = field(default_factory=dict)  # TLS Secrets by name
@@ -103,6 +104,7 @@ async def read_cluster(kubeconfig: Path | None, timeout: float) -> ClusterView:
         view.hosts_configmap = await get(v1.read_namespaced_config_map, HOSTS_CONFIGMAP, NAMESPACE)
         view.coredns_configmap = await get(v1.read_namespaced_config_map, "coredns", NAMESPACE)
         view.coredns_deployment = await get(apps.read_namespaced_deployment, "coredns", NAMESPACE)
+        view.dns_service = await get(v1.read_namespaced_service, "kube-dns", NAMESPACE)
         nodes = await get(v1.list_node)
         view.nodes = sorted((nodes or {}).get("items") or [], key=lambda n: n["metadata"]["name"])
         agents = await get(apps.list_namespaced_deployment, NAMESPACE, label_selector=AGENT_SELECTOR)

@@ -11,14 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-from raven.check import checks, pre, reader, results
+from raven.check import checks, dnsprobe, pre, reader, results
 from raven.errors import UsageError
 
 DESCRIPTION = """\
 Check a Raven installation: the gateway Pods, the front Service's address against the hosts file, CoreDNS's
-Corefile and mount, every Node's pool, every pool's agents and their sessions to every gateway replica, the
-certificates (more than 14 days left), and the gateway/agent release skew. One line per check, ✔ or ✘; under
-each ✘, what to run. Exit status 0 when all passed, 1 otherwise.
+Corefile and mount, a sample of edge names resolving to the Service, every Node's pool, every pool's agents and
+their sessions to every gateway replica, the certificates (more than 14 days left), and the gateway/agent release
+skew. One line per check, ✔ or ✘; under each ✘, what to run. Exit status 0 when all passed, 1 otherwise.
 
 With --pre, check a cluster before installing instead: the API server's version, CoreDNS, cert-manager (with
 --certificates cert-manager) and that --service-address is free."""
@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "10265 (reachable from inside the cluster)")
     p.add_argument("--token-file", type=Path, metavar="FILE",
                    help="the front end's bearer token for /status; default: Secret raven-gateway-front-token")
+    p.add_argument("--dns-server", metavar="ADDR[:PORT]",
+                   help="the DNS server to resolve sample edge names with; default: the kube-dns Service's address")
     p.add_argument("--output", "-o", choices=["text", "json"], default="text")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
     p.add_argument("--pre", action="store_true", help="check the cluster before installing")
@@ -79,7 +81,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             return await pre.run(kubeconfig, args.service_address, args.certificates, args.timeout)
         view = await reader.read_cluster(kubeconfig, args.timeout)
         statuses = await reader.read_statuses(reader.ops_urls(view, args.gateway), _token(args, view), args.timeout)
-        return checks.run_all(view, statuses, dt.datetime.now(dt.UTC))
+        found = checks.run_all(view, statuses, dt.datetime.now(dt.UTC))
+        at = next(i for i, r in enumerate(found) if r.check == "coredns-corefile") + 1
+        found.insert(at, await dnsprobe.dns_sample(view, args.dns_server, args.timeout))
+        return found
 
     found = asyncio.run(main())
     sys.stdout.write(results.render_json(found) if args.output == "json" else results.render_text(found))

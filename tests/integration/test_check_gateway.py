@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from raven.demo.launch import LocalCluster, PoolSpec
-from tests.integration.test_check import Cluster, check, failures, installed, seed  # noqa: F401
+from tests.integration.test_check import Cluster, check, failures, installed, seed, start_dns  # noqa: F401
 from tests.support.fakekube import FakeKube
 
 Installed = tuple[Path, list[dict[str, Any]]]
@@ -28,13 +28,18 @@ async def real(installed: Installed, tmp_path: Path) -> AsyncIterator[tuple[Clus
     fake = FakeKube()
     await fake.start()
     local = LocalCluster(tmp_path / "local", [PoolSpec("pool-a", []), PoolSpec("pool-b", [])], front_token=token)
+    dns = None
     try:
         seed(fake, docs)
+        dns = await start_dns(fake, tmp_path)
         await local.start()
-        cluster = Cluster(fake, [], fake.write_kubeconfig(tmp_path / "kubeconfig"), secrets / "front-token", secrets)
+        cluster = Cluster(fake, [], fake.write_kubeconfig(tmp_path / "kubeconfig"), secrets / "front-token", secrets,
+                          dns)
         yield cluster, local
     finally:
         await local.close()
+        if dns is not None:
+            await dns.close()
         await fake.close()
 
 
