@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from raven import logsafe, version
-from raven.cli import certs
+from raven.cli import certs, install
+from raven.cli import check as check_cmd
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.layer3 import noderoutes
@@ -363,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.set_defaults(func=cmd_agent)
 
     certs.add_parser(sub)
+    install.add_parser(sub)
+    check_cmd.add_parser(sub)
     noderoutes.add_parser(sub)
 
     def names_args(p: argparse.ArgumentParser) -> None:

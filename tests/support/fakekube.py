@@ -10,7 +10,8 @@
 - Errors are Status objects. Requests must carry ``Authorization: Bearer <token>``.
 
 Test hooks: add_node / update_node / delete_node, compact(), fail_next(), drop_watches(), the ``requests`` log, the
-``configmaps`` and ``leases`` stores (keyed by (namespace, name)), write_kubeconfig().
+``configmaps`` and ``leases`` stores (keyed by (namespace, name)), write_kubeconfig(); ``objects``: read-only Pods,
+Services, Secrets, Deployments, DaemonSets, CRDs and /version (tests/support/fakeobjects.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from tests.support.fakeobjects import Objects
 
 Obj = dict[str, Any]
 
@@ -182,6 +185,7 @@ class FakeKube:
         self.lease_store = _Store("Lease", "coordination.k8s.io/v1", "leases")
         self.configmaps = self.cm_store.items
         self.leases = self.lease_store.items
+        self.objects = Objects()
         self.active_watches = 0
         self._failures: list[_Failure] = []
         self._wake = asyncio.Event()
@@ -206,6 +210,7 @@ class FakeKube:
             app.router.add_post(base, self._creator(store))
             app.router.add_get(base + "/{name}", self._getter(store))
             app.router.add_put(base + "/{name}", self._replacer(store))
+        self.objects.add_routes(app)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -1,0 +1,345 @@
+"""``raven check`` against the fake API server (tests/support/fakekube.py), seeded with what ``raven install``
+rendered (the real command's objects, Secrets and certificates included), and against per-replica ops listeners
+serving ``/status`` documents of the gateway's shape behind its bearer token.
+
+The healthy cluster passes every check (exit 0); then each fault the issue lists is made, one at a time, and the
+check is run again as a process: the fault's line turns ✘ with its fix, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from raven import pki, version
+from raven.dns.hosts import render as render_hosts
+from tests.support.dnsmasq import Dnsmasq
+from tests.support.fakekube import FakeKube
+from tests.support.paths import ROOT
+
+RAVEN = [sys.executable, "-m", "raven.cli"]
+POOL = "apps.openyurt.io/nodepool"
+ADDRESS = "10.96.0.100"
+ANSWERS = f"""\
+service_address: {ADDRESS}
+certificates: raven
+monitoring: none
+pools:
+  - name: pool-a
+  - name: pool-b
+  - name: dc-1
+    reach: direct
+"""
+REPLICAS = ("raven-gateway-a1b2c", "raven-gateway-d3e4f")
+DEFAULT_COREFILE = """.:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30
+    loop
+    reload
+    loadbalance
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """One real ``raven install --with-secrets`` for the whole module."""
+    work = tmp_path_factory.mktemp("install")
+    (work / "answers.yaml").write_text(ANSWERS)
+    proc = subprocess.run([*RAVEN, "install", "-f", "answers.yaml", "--with-secrets"], cwd=work, capture_output=True,
+                          text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return work / "raven-secrets", [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def corefile_with_snippet() -> str:
+    snippet = (ROOT / "deploy" / "coredns" / "Corefile.snippet").read_text()
+    head, sep, tail = DEFAULT_COREFILE.partition("    kubernetes cluster.local")
+    return head + snippet + sep + tail
+
+
+def coredns_deployment() -> dict[str, Any]:
+    """kubeadm's coredns Deployment (the parts checked) with deploy/coredns/coredns-patch.yaml applied."""
+    patch = yaml.safe_load((ROOT / "deploy" / "coredns" / "coredns-patch.yaml").read_text())
+    patched = patch["spec"]["template"]["spec"]
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "spec": {"template": {"spec": {
+            "containers": [{"name": "coredns", "volumeMounts": [
+                {"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": True},
+                *patched["containers"][0]["volumeMounts"]]}],
+            "volumes": [{"name": "config-volume", "configMap": {"name": "coredns"}}, *patched["volumes"]]}}},
+    }
+
+
+@dataclass
+class Replica:
+    """One gateway replica's ops listener: /status behind the front end's bearer token."""
+
+    status: dict[str, Any]
+    token: str
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=401)
+        return web.json_response(self.status)
+
+
+def status_of(replica: str, pools: dict[str, str]) -> dict[str, Any]:
+    """A /status as gateway/status.py builds it (the keys raven check reads), every pool with two agents."""
+    return {
+        "replica": replica, "replicas": 1, "version": version.RELEASE, "ready": True, "draining": False,
+        "pools": [{"pool": pool, "reach": reach, "agents": [] if reach == "direct" else [
+            {"agent": f"agent-{pool}-1", "session": f"{i:08x}", "draining": False, "version": version.RELEASE,
+             "protocol": 3} for i in range(2)]} for pool, reach in sorted(pools.items())],
+        "nodes": [],
+    }
+
+
+@dataclass
+class Cluster:
+    fake: FakeKube
+    replicas: list[Replica]
+    kubeconfig: Path
+    token_file: Path
+    secrets: Path
+    dns: Dnsmasq | None = None  # the cluster DNS: dnsmasq reading the published hosts file, as CoreDNS would
+
+
+async def start_dns(fake: FakeKube, tmp_path: Path) -> Dnsmasq:
+    hosts = tmp_path / "tunnel-nodes"
+    hosts.write_text(fake.configmaps[("kube-system", "edge-tunnel-nodes")]["data"]["tunnel-nodes"])
+    dns = Dnsmasq(hosts)
+    await dns.start()
+    return dns
+
+
+def seed(fake: FakeKube, docs: list[dict[str, Any]]) -> None:
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        if doc["kind"] == "ConfigMap":
+            fake.configmaps[(doc["metadata"]["namespace"], doc["metadata"]["name"])] = doc
+            continue
+        if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == "raven-gateway":
+            doc["status"] = {"desiredNumberScheduled": 2, "numberReady": 2}
+        if doc["kind"] == "Deployment":
+            doc["status"] = {"replicas": 2, "readyReplicas": 2}
+        if doc["kind"] in ("DaemonSet", "Deployment", "Service", "Secret"):
+            fake.objects.put(doc)
+    for name in REPLICAS:
+        fake.objects.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "kube-system", "labels": {"app.kubernetes.io/name": "raven-gateway"}},
+            "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
+    fake.objects.put(coredns_deployment())
+    fake.configmaps[("kube-system", "coredns")] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "coredns", "namespace": "kube-system"}, "data": {"Corefile": corefile_with_snippet()}}
+    edge = {"openyurt.io/is-edge-worker": "true"}
+    fake.add_node("cloud-1", {})
+    fake.add_node("edge-a-1", {POOL: "pool-a", **edge})
+    fake.add_node("edge-b-1", {POOL: "pool-b", **edge})
+    fake.add_node("dc-1-gpu", {POOL: "dc-1"})
+    fake.configmaps[("kube-system", "edge-tunnel-nodes")] = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "edge-tunnel-nodes", "namespace": "kube-system"},
+        "data": {"tunnel-nodes": render_hosts(["edge-a-1", "edge-b-1"], [ADDRESS])}}
+
+
+@pytest.fixture
+async def cluster(installed: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> AsyncIterator[Cluster]:
+    secrets, docs = installed
+    fake = FakeKube()
+    await fake.start()
+    token = (secrets / "front-token").read_text().strip()
+    replicas = [Replica(status_of(r, {"pool-a": "tunnel", "pool-b": "tunnel", "dc-1": "direct"}), token)
+                for r in REPLICAS]
+    runners = []
+    dns = None
+    try:
+        seed(fake, docs)
+        dns = await start_dns(fake, tmp_path)
+        for replica in replicas:
+            app = web.Application()
+            app.router.add_get("/status", replica.handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            replica.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield Cluster(fake, replicas, fake.write_kubeconfig(tmp_path / "kubeconfig"), secrets / "front-token",
+                      secrets, dns)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        if dns is not None:
+            await dns.close()
+        await fake.close()
+
+
+async def check(c: Cluster, *extra: str, token: bool = False) -> tuple[int, dict[str, Any], str]:
+    """Run ``raven check -o json`` and ``raven check`` as processes; the exit status, the JSON and the text."""
+    args = [*RAVEN, "check", "--kubeconfig", str(c.kubeconfig), "--timeout", "5", *extra]
+    for replica in c.replicas:
+        args += ["--gateway", replica.url]
+    if token:
+        args += ["--token-file", str(c.token_file)]
+    if c.dns is not None:
+        args += ["--dns-server", c.dns.server]
+    outputs = []
+    for fmt in ("json", "text"):
+        proc = await asyncio.create_subprocess_exec(*args, "-o", fmt, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert b"Traceback" not in err, err.decode()
+        outputs.append((proc.returncode, out.decode()))
+    (code, text_json), (code_text, text) = outputs
+    assert code == code_text
+    return int(code or 0), json.loads(text_json), text
+
+
+def failures(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["check"]: c for c in doc["checks"] if not c["ok"]}
+
+
+async def test_healthy_cluster_passes_every_check(cluster: Cluster) -> None:
+    code, doc, text = await check(cluster)  # the token from Secret raven-gateway-front-token
+    assert failures(doc) == {}, text
+    assert code == 0 and doc["ok"]
+    names = [c["check"] for c in doc["checks"]]
+    assert names == ["gateway-pods", "service-address", "coredns-mount", "coredns-corefile", "dns-sample",
+                     "node-pools", "ops-api",
+                     "agents pool-a", "agents pool-b", "cert raven-agent-tls-pool-a", "cert raven-agent-tls-pool-b",
+                     "cert raven-gateway-tls", "release-skew"]
+    assert "✔ gateway-pods" in text and "✘" not in text and "13 of 13 checks passed" in text
+
+
+def _drop_corefile_block(c: Cluster) -> None:
+    c.fake.configmaps[("kube-system", "coredns")]["data"]["Corefile"] = DEFAULT_COREFILE
+
+
+def _wrong_service_address(c: Cluster) -> None:
+    svc = c.fake.objects.items[("services", "kube-system", "raven-gateway")]
+    svc["spec"]["clusterIP"] = "10.96.0.222"
+
+
+def _names_resolve_elsewhere(c: Cluster) -> None:
+    assert c.dns is not None
+    c.dns.hosts_file.write_text(render_hosts(["edge-a-1", "edge-b-1"], ["10.96.0.7"]))
+    c.dns.reload()
+
+
+def _unlabelled_node(c: Cluster) -> None:
+    c.fake.add_node("edge-x-9", {"openyurt.io/is-edge-worker": "true"})
+
+
+def _pool_without_agent(c: Cluster) -> None:
+    c.fake.objects.remove("Deployment", "kube-system", "raven-agent-pool-b")
+
+
+def _no_session_on_one_replica(c: Cluster) -> None:
+    pool_b = next(p for p in c.replicas[1].status["pools"] if p["pool"] == "pool-b")
+    pool_b["agents"] = []
+
+
+def _expiring_certificate(c: Cluster) -> None:
+    work = c.secrets.parent / "short"
+    work.mkdir(exist_ok=True)
+    for name in (pki.CA_CERT_FILE, pki.CA_KEY_FILE):
+        (work / name).write_bytes((c.secrets / name).read_bytes())
+    cert, _ = pki.issue(work, work, "agent", "agent-pool-a", pools=["pool-a"], days=5)
+    secret = c.fake.objects.items[("secrets", "kube-system", "raven-agent-tls-pool-a")]
+    secret["data"]["tls.crt"] = base64.b64encode(cert.read_bytes()).decode()
+
+
+def _old_agent(c: Cluster) -> None:
+    for replica in c.replicas:  # gateways upgraded to 0.5.0; pool-a's agents left on 0.2.0 (N-3)
+        replica.status["version"] = "0.5.0"
+        for pool in replica.status["pools"]:
+            for agent in pool["agents"]:
+                agent["version"] = "0.2.0" if pool["pool"] == "pool-a" else "0.5.0"
+
+
+FAULTS: list[tuple[str, Callable[[Cluster], None], str, str, str]] = [
+    ("missing Corefile block", _drop_corefile_block, "coredns-corefile", "/etc/edge/tunnel-nodes",
+     "deploy/coredns/Corefile.snippet"),
+    ("wrong Service address", _wrong_service_address, "service-address", "10.96.0.222",
+     "raven install --service-address 10.96.0.222"),
+    ("names resolve elsewhere", _names_resolve_elsewhere, "dns-sample", "edge-a-1: 10.96.0.7",
+     "CoreDNS does not serve the hosts file"),
+    ("unlabelled Node", _unlabelled_node, "node-pools", "edge-x-9",
+     "kubectl label node edge-x-9 apps.openyurt.io/nodepool=POOL"),
+    ("pool with no agent", _pool_without_agent, "agents pool-b", "no agent Deployment",
+     "raven install ... --pool pool-b"),
+    ("no session to a replica", _no_session_on_one_replica, "agents pool-b", REPLICAS[1],
+     "kubectl -n kube-system logs deploy/raven-agent-pool-b"),
+    ("expiring certificate", _expiring_certificate, "cert raven-agent-tls-pool-a", "days (less than 14)",
+     "describe certificate"),
+    ("old agent", _old_agent, "release-skew", "pool-a (0.2.0)", "raven install --image REPOSITORY:0.5.0"),
+]
+
+
+ALSO = {"service-address": {"dns-sample"}}
+
+
+@pytest.mark.parametrize(("make", "name", "detail", "fix"), [f[1:] for f in FAULTS], ids=[f[0] for f in FAULTS])
+async def test_each_fault_is_reported_with_its_fix(cluster: Cluster, make: Callable[[Cluster], None], name: str,
+                                                   detail: str, fix: str) -> None:
+    make(cluster)
+    code, doc, text = await check(cluster, token=True)
+    bad = failures(doc)
+    assert code == 1 and not doc["ok"]
+    # This fault, and nothing else (a wrong Service address also means names resolve to an address it lacks).
+    assert set(bad) == {name} | ALSO.get(name, set()), text
+    assert detail in bad[name]["detail"] and fix in bad[name]["fix"], bad[name]
+    assert f"✘ {name}" in text and "fix: " in text
+
+
+async def test_unreachable_ops_and_wrong_token_say_what_to_do(cluster: Cluster, tmp_path: Path) -> None:
+    wrong = tmp_path / "token"
+    wrong.write_text("not-the-token\n")
+    code, doc, _ = await check(cluster, "--token-file", str(wrong))
+    bad = failures(doc)
+    assert code == 1 and "refused the token" in bad["ops-api"]["detail"]
+    cluster.replicas[0].url = "http://127.0.0.1:9"  # nothing listens on the discard port
+    code, doc, _ = await check(cluster, token=True)
+    assert code == 1 and "cannot reach http://127.0.0.1:9" in failures(doc)["ops-api"]["detail"]
+    assert "port-forward" in failures(doc)["ops-api"]["fix"]
+
+
+async def test_pre_install_checks(cluster: Cluster) -> None:
+    code, doc, text = await check(cluster, "--pre", "--service-address", "10.96.0.50", "--certificates", "raven")
+    assert code == 0, text
+    assert [c["check"] for c in doc["checks"]] == ["api-version", "coredns", "service-address"]
+    # A taken address, an old API server and no cert-manager: each named.
+    cluster.fake.objects.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "other", "namespace": "x"},
+                              "spec": {"clusterIP": "10.96.0.50"}})
+    cluster.fake.objects.version = {"major": "1", "minor": "27", "gitVersion": "v1.27.3"}
+    code, doc, _ = await check(cluster, "--pre", "--service-address", "10.96.0.50")
+    bad = failures(doc)
+    assert code == 1 and set(bad) == {"api-version", "cert-manager", "service-address"}
+    assert "x/other" in bad["service-address"]["detail"] and "v1.27.3" in bad["api-version"]["detail"]

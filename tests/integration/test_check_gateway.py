@@ -1,0 +1,65 @@
+"""``raven check``'s gateway side against real processes: a real gateway and real agents (raven.demo.launch's
+LocalCluster, on loopback, mutual TLS, the front end's bearer token from ``raven install``'s secrets folder), with
+the cluster side from the fake API server seeded as in test_check.py. The agents' sessions and releases come from
+the gateway's own ``/status``; when a pool's agents stop, the check names the pool and the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raven.demo.launch import LocalCluster, PoolSpec
+from tests.integration.test_check import Cluster, check, failures, installed, seed, start_dns  # noqa: F401
+from tests.support.fakekube import FakeKube
+
+Installed = tuple[Path, list[dict[str, Any]]]
+
+
+@pytest.fixture
+async def real(installed: Installed, tmp_path: Path) -> AsyncIterator[tuple[Cluster, LocalCluster]]:  # noqa: F811
+    """``installed``: test_check.py's module fixture (one real raven install --with-secrets)."""
+    secrets, docs = installed
+    token = (secrets / "front-token").read_text().strip()
+    fake = FakeKube()
+    await fake.start()
+    local = LocalCluster(tmp_path / "local", [PoolSpec("pool-a", []), PoolSpec("pool-b", [])], front_token=token)
+    dns = None
+    try:
+        seed(fake, docs)
+        dns = await start_dns(fake, tmp_path)
+        await local.start()
+        cluster = Cluster(fake, [], fake.write_kubeconfig(tmp_path / "kubeconfig"), secrets / "front-token", secrets,
+                          dns)
+        yield cluster, local
+    finally:
+        await local.close()
+        if dns is not None:
+            await dns.close()
+        await fake.close()
+
+
+async def test_sessions_and_releases_from_a_real_gateway(real: tuple[Cluster, LocalCluster]) -> None:
+    cluster, local = real
+    ops = f"http://127.0.0.1:{local.gateway_metrics_port}"
+    code, doc, text = await check(cluster, "--gateway", ops, token=True)
+    assert failures(doc) == {}, text
+    assert code == 0
+    rows = {c["check"]: c["detail"] for c in doc["checks"]}
+    assert rows["agents pool-a"] == "2 ready agent(s), sessions to 1 of 1 replicas"
+    assert rows["ops-api"] == "read /status of 1 gateway replica(s)"
+    # pool-b's agents stop: the gateway's /status no longer lists a session for it, and the check says so.
+    for name in local.agent_names(local.pools[1]):
+        await local.stop(local.agents[name])
+    for _ in range(50):
+        code, doc, text = await check(cluster, "--gateway", ops, token=True)
+        if "agents pool-b" in failures(doc):
+            break
+        await asyncio.sleep(0.2)
+    bad = failures(doc)
+    assert code == 1 and list(bad) == ["agents pool-b"], text
+    assert "no session to replica" in bad["agents pool-b"]["detail"]
