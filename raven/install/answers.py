@@ -27,10 +27,10 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raven.config.base import PoolName
+from raven.config.loading import load_tree
 from raven.config.pools import Reach
 from raven.errors import ConfigError
 
@@ -141,19 +141,7 @@ def parse_pool_flag(text: str) -> dict[str, object]:
 
 def load(path: Path | None, flags: dict[str, object]) -> Answers:
     """The answers file (if any) with the flags that were given on top; ConfigError names every problem."""
-    tree: dict[str, object] = {}
-    if path is not None:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the answers file {str(path)!r}: {exc.strerror or exc}") from None
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not YAML: {exc}") from None
-        if doc is not None and not isinstance(doc, dict):
-            raise ConfigError(f"{path}: expected a mapping of answers (service_address:, pools:, ...)")
-        tree.update(doc or {})
+    tree: dict[str, object] = dict(load_tree(path))  # the configuration's own reader: same errors, same words
     tree.update({k: v for k, v in flags.items() if v is not None and v != []})
     try:
         return Answers.model_validate(tree)
