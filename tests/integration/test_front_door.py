@@ -481,7 +481,9 @@ async def test_a_clean_drain_logs_no_warning(door: Door) -> None:
     drain = log[log.rindex("draining: telling gateways"):]  # earlier tests killed gateways: not a clean end
     ended = [line for line in drain.splitlines() if "session to gateway" in line and "ended" in line]
     assert ended and all(" INFO " in line for line in ended), ended
-    assert " WARNING " not in drain, drain
+    # The collector's own report of a long pause (raven.gc, a busy machine) is not about the drain.
+    warned = [line for line in drain.splitlines() if " WARNING " in line and " raven.gc: " not in line]
+    assert not warned, drain
     await door.cluster.start_agent(door.cluster.pools[0], name)
     await door.cluster.wait_registered(30)
     await scrape(door)
