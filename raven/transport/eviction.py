@@ -8,13 +8,15 @@ probe, a Prometheus holds one) is the last to lose one:
 
 - a connection being answered is never taken. The ones taken first *wait*: one owing its request head for
   longer than ``grace`` (a local client's head follows its connect within milliseconds: such a head is
-  overdue), then one idle between requests (a keep-alive connection);
-- it is taken from the client holding the most connections (more than one): its oldest overdue head, else its
-  connection idle longest; when that client has none, from any client: the oldest overdue head, else the
-  connection idle longest. Failing those, only heads on their way are left: the heaviest client's oldest, else
-  the oldest of all. A new probe's connection is the newest there, so it is taken only if a listener's worth of
-  connections from as many addresses arrives before its head does (a flood of new connections at the rate the
-  process accepts them is not something a listener can outlast: the NetworkPolicy bounds who can send it);
+  overdue), then one idle between requests (a keep-alive connection), then a head on its way;
+- a client holding more than ``FEW`` connections gives first, whatever its connections wait for: the one of
+  those holding the most, its oldest overdue head, else its connection idle longest, else its oldest head on
+  its way. So 9 addresses x 64 connections that only ever send heads slowly lose theirs, not Prometheus's one
+  idle keep-alive connection. When no client holds more than ``FEW``, the order over all decides: the oldest
+  overdue head, else the connection idle longest, else the oldest head on its way. A new probe's connection is
+  the newest there, so it is taken only if a listener's worth of connections from as many addresses arrives
+  before its head does (a flood of new connections at the rate the process accepts them is not something a
+  listener can outlast: the NetworkPolicy bounds who can send it);
 - no connection is taken from a client that holds fewer than the newcomer's own: an address holding many
   cannot displace one holding few. Many addresses holding one each (an IPv6 prefix) displace each other, and
   a Prometheus's idle connection among them; never a probe's connection that is being answered or whose head
@@ -32,7 +34,11 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Protocol
 
-__all__ = ["Candidate", "Eviction"]
+__all__ = ["FEW", "Candidate", "Eviction"]
+
+FEW = 4
+"""The most connections a legitimate ops client holds at once: a kubelet's concurrent probes (startup, liveness,
+readiness), a Prometheus's keep-alive connection per job. A client holding more is taken from first."""
 
 
 class Candidate(Hashable, Protocol):
@@ -108,24 +114,28 @@ class Eviction:
 
     def victim(self, client: str, now: float) -> Candidate | None:
         """The connection to close so that a new one from ``client`` fits, or None (the newcomer is refused)."""
-        if not self._count:
+        heads, idle, count = self._head_of, self._idle_of, self._count
+        heaviest = max((c for c in count if c in heads or c in idle), key=count.__getitem__, default=None)
+        if heaviest is None:
             return None
         floor = self.holds(client)
-        count = self._count
-        heaviest = max(count, key=count.__getitem__)
         if count[heaviest] < floor:
             return None
         stale = now - self.grace
-        # The client holding the most: its oldest overdue head, else its connection idle longest (when every
-        # client holds one, none is heavier: the order over all decides).
-        if count[heaviest] > 1:
+        # A client holding more than a legitimate one does gives first, whatever its connections wait for: its
+        # oldest overdue head, else its connection idle longest, else its oldest head on its way. No one holding
+        # few (an idle Prometheus) loses a connection while such a client has one that is not being answered.
+        if count[heaviest] > FEW:
             for conn, since in self._head_of.get(heaviest, {}).items():
                 if since <= stale:
                     return conn
                 break
             for conn in self._idle_of.get(heaviest, ()):
                 return conn
-        # Any client holding at least the newcomer's count: the oldest overdue head, the connection idle longest.
+            for conn in self._head_of.get(heaviest, ()):
+                return conn
+        # Among clients holding few each (and at least the newcomer's count): the oldest overdue head, the
+        # connection idle longest, the oldest head on its way.
         for conn, since in self._head.items():
             if since > stale:
                 break
@@ -133,11 +143,6 @@ class Eviction:
                 return conn
         for conn in self._idle:
             if count[conn.client] >= floor:
-                return conn
-        # Only heads on their way are left: the heaviest client's oldest (a burst of new connections from a few
-        # addresses must not take a probe's), else the oldest of all.
-        if count[heaviest] > 1:
-            for conn in self._head_of.get(heaviest, ()):
                 return conn
         for conn in self._head:
             if count[conn.client] >= floor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
-from raven.transport.eviction import Eviction
+from raven.transport.eviction import FEW, Eviction
 
 GRACE = 1.0
 _ids = count()
@@ -112,3 +112,27 @@ def test_a_burst_of_new_connections_from_few_addresses_takes_theirs_not_a_probe_
     assert ev.victim("10.0.0.4", now=10.05) is burst[0][0]
     assert ev.victim("10.0.0.3", now=10.05) is burst[0][0]  # the kubelet's next probe as well
     assert ev.holds("10.0.0.3") == 1 and probe is not burst[0][0]
+
+
+def test_slow_heads_from_few_addresses_lose_theirs_before_prometheus_loses_its_idle_connection() -> None:
+    # The 9 x 64 slow-head flood (CI of 2026-11-29): every attacker connection sends its head slowly and none is
+    # overdue yet, so Prometheus's idle keep-alive connection was the only one "waiting" and was taken.
+    ev = Eviction(GRACE)
+    prometheus = held(ev, "10.0.0.2", 1, now=0.0)[0]
+    flood = [held(ev, f"10.1.0.{i}", 64, now=5.0 + i / 100, idle=False) for i in range(9)]
+    for n in range((64 - FEW) * 9):  # down to FEW per address
+        victim = ev.victim("10.0.0.3", now=5.5)  # a kubelet's new probe; no head overdue
+        assert victim is not None and victim is not prometheus and victim.client.startswith("10.1.0.")
+        ev.remove(victim)
+        if n == 0:
+            assert victim is flood[0][0]  # the heaviest's oldest head on its way
+    # Once the flood holds few per address, the order over all applies again (Prometheus's idle goes first).
+    assert ev.victim("10.0.0.3", now=5.5) is not None
+
+
+def test_a_kubelet_firing_its_probes_together_is_not_heavy() -> None:
+    ev = Eviction(GRACE)
+    probes = held(ev, "10.0.0.3", 3, now=10.0, idle=False)  # startup, liveness, readiness at once
+    attackers = [held(ev, f"10.1.{i // 250}.{i % 250}", 1, now=5.0)[0] for i in range(100)]
+    assert ev.victim("10.2.0.1", now=10.1) is attackers[0]
+    assert all(ev.victim("10.2.0.1", now=10.1) is not p for p in probes)
