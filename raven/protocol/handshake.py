@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raven.protocol import wire
-from raven.protocol.session import LocalProtocolError, Session
+from raven.protocol.connection import Connection, LocalProtocolError
 from raven.protocol.state import SessionEvent, SessionState, next_state
 from raven.refusals import Reason, Refusal
 
@@ -119,7 +119,7 @@ def agent_side(hello: wire.Hello, welcome: wire.Welcome) -> Agreement:
 
 class _Handshake:
     """One side of the HELLO/WELCOME exchange, sans I/O: messages in, ``data_to_send()`` out, and at the end a
-    ready :class:`raven.protocol.session.Session` (OPEN) or a refusal (ENDED). Its life is the session's first
+    ready :class:`raven.protocol.connection.Connection` (OPEN) or a refusal (ENDED). Its life is the session's first
     state (raven/protocol/state.py)."""
 
     __slots__ = ("_out", "hello", "limits", "state")
@@ -135,9 +135,9 @@ class _Handshake:
         out, self._out = self._out, []
         return out
 
-    def _session(self, agreed: Agreement, *, opener: bool, now: float) -> Session:
+    def _session(self, agreed: Agreement, *, opener: bool, now: float) -> Connection:
         self.state = next_state(self.state, SessionEvent.AGREED)
-        return Session(opener=opener, local_window=agreed.local_window, peer_window=agreed.peer_window,
+        return Connection(opener=opener, local_window=agreed.local_window, peer_window=agreed.peer_window,
                        local_max_streams=agreed.local_max_streams, peer_max_streams=agreed.peer_max_streams,
                        limits=self.limits, version=agreed.version, heartbeat_interval=agreed.heartbeat_interval,
                        heartbeat_timeout=agreed.heartbeat_timeout, now=now)
@@ -158,7 +158,7 @@ class ClientHandshake(_Handshake):
         self._out.append(wire.encode(hello))
 
     def receive_welcome(self, message: bytes | bytearray | memoryview, now: float,
-                        supported: Sequence[int] = wire.SUPPORTED_VERSIONS) -> tuple[Session, wire.Welcome]:
+                        supported: Sequence[int] = wire.SUPPORTED_VERSIONS) -> tuple[Connection, wire.Welcome]:
         """The gateway's answer: the session on the agreed numbers (heartbeat from ``now``) and the WELCOME.
         Raises :class:`HandshakeRefused` (a GOAWAY, a bad or unexpected frame, a version this agent lacks)."""
         if self.state is not SessionState.HANDSHAKE or self.hello is None:
@@ -188,7 +188,7 @@ class ServerHandshake(_Handshake):
         self.hello = read_hello(message, self.limits)
         return self.hello
 
-    def accept(self, welcome: wire.Welcome, now: float) -> Session:
+    def accept(self, welcome: wire.Welcome, now: float) -> Connection:
         if self.state is not SessionState.HANDSHAKE or self.hello is None:
             raise LocalProtocolError("accept() needs a HELLO and an unfinished handshake")
         self._out.append(wire.encode(welcome))

@@ -1,4 +1,4 @@
-"""The asyncio side of a tunnel session: a ready sans-I/O core (raven.protocol.session) run over a message transport.
+"""The asyncio side of a tunnel session: a ready sans-I/O core (raven.protocol.connection) run over a message transport.
 
 The split is websockets' ``protocol.py`` beside ``asyncio/connection.py``: the core holds every rule and the
 session's state (raven/protocol/state.py); this layer only moves bytes and wakes waiters. One reader
@@ -24,8 +24,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, Protocol
 
 from raven.lograte import RateLimitedLog
-from raven.protocol import session as core
+from raven.protocol import connection as core
 from raven.protocol import wire
+from raven.protocol.connection import StreamReset
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
@@ -40,7 +41,6 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
-from raven.protocol.session import StreamReset
 from raven.protocol.state import LIVE, SessionState
 from raven.transport.pacer import Pacer
 from raven.transport.stream import Stream
@@ -88,7 +88,7 @@ class Session:
     def __init__(
         self,
         sink: MessageSink,
-        session_core: core.Session,
+        session_core: core.Connection,
         *,
         name: str,
         on_open: OpenHandler | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from raven.protocol import session as core
+from raven.protocol import connection as core
 from raven.protocol import wire
 from raven.transport.session import OpenHandler, Session
 
@@ -43,9 +43,9 @@ async def pair(
 
 
 def core_session(opener: bool, window: int = 64 * 1024, heartbeat: tuple[float, float] = (5.0, 15.0),
-                 max_streams: int = 64) -> core.Session:
+                 max_streams: int = 64) -> core.Connection:
     """A ready core built from known numbers (what the handshake would agree), its heartbeat counted from now."""
-    return core.Session(opener=opener, local_window=window, peer_window=window, local_max_streams=max_streams,
+    return core.Connection(opener=opener, local_window=window, peer_window=window, local_max_streams=max_streams,
                         peer_max_streams=max_streams, heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1],
                         now=asyncio.get_running_loop().time())
 

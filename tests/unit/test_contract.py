@@ -27,9 +27,9 @@ from raven.protocol import (
     terms_of,
     wire,
 )
+from raven.protocol.connection import Connection
 from raven.protocol.events import StreamAborted, StreamOpened
 from raven.protocol.headers import CLIENT_HEADER, COMPRESS_HEADER, DEADLINE_HEADER
-from raven.protocol.session import Session
 
 HTTP = wire.StreamKind.HTTP
 TERMS = OpenFields(2500, "0123456789abcdef", uplink_free=True)
@@ -211,7 +211,7 @@ def test_terms_of_a_version_3_open_are_its_fields_whatever_its_headers_say() -> 
 
 
 def negotiated(agent_speaks: tuple[int, ...], gateway_speaks: tuple[int, ...] = wire.SUPPORTED_VERSIONS,
-               ) -> tuple[Session, Session]:
+               ) -> tuple[Connection, Connection]:
     """A gateway and an agent session after a real HELLO/WELCOME exchange (no sockets)."""
     client = handshake.ClientHandshake(wire.Hello("agent-a-1", "s" * 32, agent_speaks))
     server = handshake.ServerHandshake(wire.DEFAULT_LIMITS)
@@ -222,7 +222,7 @@ def negotiated(agent_speaks: tuple[int, ...], gateway_speaks: tuple[int, ...] = 
     return gw, ag
 
 
-def opened(gw: Session, ag: Session, frame: Open) -> Open:
+def opened(gw: Connection, ag: Connection, frame: Open) -> Open:
     gw.open_stream(frame)
     events = [e for m in gw.data_to_send() for e in ag.receive(m, 0.0)]
     (event,) = [e for e in events if isinstance(e, StreamOpened)]

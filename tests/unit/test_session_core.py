@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raven.protocol import handshake, wire
+from raven.protocol.connection import TRANSITIONS, Connection, Half, LocalProtocolError, Step
 from raven.protocol.events import (
     DatagramReceived,
     DataReceived,
@@ -16,20 +17,19 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
-from raven.protocol.session import TRANSITIONS, Half, LocalProtocolError, Session, Step
 from raven.refusals import Reason
 
 
-def pair(version: int = 2) -> tuple[Session, Session]:
+def pair(version: int = 2) -> tuple[Connection, Connection]:
     common = dict(local_window=65536, peer_window=65536, local_max_streams=8, peer_max_streams=8, version=version)
-    return Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+    return Connection(opener=True, **common), Connection(opener=False, **common)  # type: ignore[arg-type]
 
 
 def op(node: str = "edge-1", fin: bool = True) -> wire.Open:
     return wire.Open(0, wire.StreamKind.HTTP, node, 9400, "GET", "/metrics", (), fin)
 
 
-def relay(src: Session, dst: Session, now: float = 0.0) -> list[object]:
+def relay(src: Connection, dst: Connection, now: float = 0.0) -> list[object]:
     events: list[object] = []
     for message in src.data_to_send():
         events += dst.receive(message, now)
@@ -55,7 +55,7 @@ def test_batches_are_cut_at_the_budget() -> None:
     while ag.send_data(sid, body):
         pass  # until the 64 KiB window is used up
     messages = ag.data_to_send()
-    assert all(len(m) <= Session.BATCH_BUDGET for m in messages)
+    assert all(len(m) <= Connection.BATCH_BUDGET for m in messages)
     got = b"".join(bytes(e.data) for m in messages for e in gw.receive(m, 0.0) if isinstance(e, DataReceived))
     assert len(got) == 65536
 
@@ -148,7 +148,7 @@ def test_datagrams_go_after_stream_frames_and_are_dropped_not_queued_when_full()
     sent = 0
     while gw.send_datagram(packet):
         sent += 1
-    assert 0 < sent * 1410 <= Session.DATAGRAM_QUEUE and gw.datagrams_dropped == 1
+    assert 0 < sent * 1410 <= Connection.DATAGRAM_QUEUE and gw.datagrams_dropped == 1
     sid = gw.open_stream(op())  # queued after the packets, sent before them
     events = relay(gw, ag)
     assert isinstance(events[0], StreamOpened) and events[0].stream_id == sid
@@ -200,7 +200,7 @@ def test_a_scrape_opened_behind_a_download_backlog_is_answered_first() -> None:
     and a reset behind a complete answer keep their order."""
     window = 256 * 1024
     common = dict(local_window=window, peer_window=window, local_max_streams=8, peer_max_streams=8)
-    gw, ag = Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+    gw, ag = Connection(opener=True, **common), Connection(opener=False, **common)  # type: ignore[arg-type]
     download = gw.open_stream(op())
     relay(gw, ag)
     ag.send_head(download, 200, "OK", ())
@@ -232,10 +232,10 @@ def test_a_scrape_opened_behind_a_download_backlog_is_answered_first() -> None:
     assert ag.pending_bytes == 0 and got[download] < 48 * 1024
 
 
-def _big_pair() -> tuple[Session, Session]:
+def _big_pair() -> tuple[Connection, Connection]:
     window = 256 * 1024
     common = dict(local_window=window, peer_window=window, local_max_streams=8, peer_max_streams=8)
-    return Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+    return Connection(opener=True, **common), Connection(opener=False, **common)  # type: ignore[arg-type]
 
 
 def test_goaway_leaves_at_close_without_waiting_for_aborted_streams_data() -> None:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from raven.protocol import wire
+from raven.protocol.connection import Connection, Half, LocalProtocolError, StreamReset
 from raven.protocol.events import DataReceived, HeadReceived, SessionEnded, StreamClosed, StreamOpened
-from raven.protocol.session import Half, LocalProtocolError, Session, StreamReset
 
 WINDOW = 4096
 MAX_STREAMS = 8
@@ -26,7 +26,7 @@ class Side:
     """One end: its core, what it has buffered per stream, and every close it has seen."""
 
     def __init__(self, opener: bool, version: int) -> None:
-        self.core = Session(opener=opener, local_window=WINDOW, peer_window=WINDOW, local_max_streams=MAX_STREAMS,
+        self.core = Connection(opener=opener, local_window=WINDOW, peer_window=WINDOW, local_max_streams=MAX_STREAMS,
                             peer_max_streams=MAX_STREAMS, version=version, heartbeat_interval=1.0,
                             heartbeat_timeout=3.0, limits=wire.Limits(max_data=1500))
         self.buffered: dict[int, int] = collections.defaultdict(int)
@@ -212,7 +212,7 @@ TestTwoSessions = TwoSessions.TestCase
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.binary(max_size=80), max_size=6), st.booleans(), st.integers(1, 2))
 def test_hostile_messages_never_raise(messages: list[bytes], opener: bool, version: int) -> None:
-    s = Session(opener=opener, local_window=WINDOW, peer_window=WINDOW, local_max_streams=4, peer_max_streams=4,
+    s = Connection(opener=opener, local_window=WINDOW, peer_window=WINDOW, local_max_streams=4, peer_max_streams=4,
                 version=version)
     for m in messages:
         s.receive(m, 0.0)  # anything but a crash: the protocol's answer is in the output
@@ -224,7 +224,7 @@ def test_hostile_messages_never_raise(messages: list[bytes], opener: bool, versi
                           st.integers(0, 9), st.binary(max_size=40)), max_size=12))
 def test_hostile_frames_with_valid_framing_never_raise(frames: list[tuple[str, int, bytes]]) -> None:
     """Well-framed but hostile frames (unknown streams, wrong order, bogus windows) on a live acceptor."""
-    s = Session(opener=False, local_window=WINDOW, peer_window=WINDOW, local_max_streams=4, peer_max_streams=4)
+    s = Connection(opener=False, local_window=WINDOW, peer_window=WINDOW, local_max_streams=4, peer_max_streams=4)
     encoded = []
     for kind, sid, payload in frames:
         if kind == "data":

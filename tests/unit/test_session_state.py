@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from raven.protocol import wire
+from raven.protocol.connection import Connection, LocalProtocolError
 from raven.protocol.control import ControlDispatcher
 from raven.protocol.events import EndCause, SessionEnded
 from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
-from raven.protocol.session import LocalProtocolError, Session
 from raven.protocol.state import (
     LIVE,
     OVER,
@@ -65,12 +65,12 @@ def test_closed_is_final_and_nothing_returns_to_the_handshake() -> None:
     assert LIVE.isdisjoint(OVER)
 
 
-def _core(opener: bool) -> Session:
-    return Session(opener=opener, local_window=1024, peer_window=1024, local_max_streams=4, peer_max_streams=4,
+def _core(opener: bool) -> Connection:
+    return Connection(opener=opener, local_window=1024, peer_window=1024, local_max_streams=4, peer_max_streams=4,
                    version=1)
 
 
-def state(machine: Session | ClientHandshake | ServerHandshake) -> SessionState:
+def state(machine: Connection | ClientHandshake | ServerHandshake) -> SessionState:
     """Read afresh (a call, so that a type checker does not keep an earlier comparison's narrowing)."""
     return machine.state
 

@@ -1,7 +1,7 @@
 """The tunnel session as a sans-I/O state machine: messages in, events out, ``data_to_send()`` out.
 
 No asyncio, no sockets, no clock of its own: the caller passes ``now`` (seconds, any monotonic origin) to
-:meth:`Session.receive` and :meth:`Session.tick`. One object holds the stream table, stream ids, per-stream
+:meth:`Connection.receive` and :meth:`Connection.tick`. One object holds the stream table, stream ids, per-stream
 flow-control accounting, the heartbeat deadlines and the outgoing frames; raven/transport/ runs it over a
 WebSocket, and tests drive two of them against each other in memory.
 
@@ -42,11 +42,20 @@ from raven.protocol.stream import (  # re-exported: the core's public names
     code_name,
 )
 
-__all__ = ["TRANSITIONS", "Half", "LocalProtocolError", "Session", "SessionState", "Step", "StreamReset",
-           "StreamState", "code_name"]
+__all__ = [
+    "TRANSITIONS",
+    "Connection",
+    "Half",
+    "LocalProtocolError",
+    "SessionState",
+    "Step",
+    "StreamReset",
+    "StreamState",
+    "code_name",
+]
 
 
-class Session:
+class Connection:
     """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids).
 
     It is built OPEN from the handshake's numbers (raven/protocol/handshake.py); its life is a
@@ -327,7 +336,7 @@ class Session:
         for raw in frames:
             try:
                 frame = wire.decode(raw, self.limits)
-                _RECEIVED.get(type(frame), Session._on_control)(self, frame)
+                _RECEIVED.get(type(frame), Connection._on_control)(self, frame)
             except wire.ProtocolError as err:
                 self._on_error(err)
             if self.closed:
@@ -483,9 +492,9 @@ class Session:
 
 # A received frame's handler by its type (wire.decode returns exactly these classes); any other type is a
 # control frame for the service.
-_RECEIVED: Final[dict[type[Any], Callable[[Session, Any], None]]] = {
-    wire.Data: Session._on_data, wire.Window: Session._on_window, wire.Head: Session._on_head,
-    wire.End: Session._on_end, wire.Reset: Session._on_reset, wire.Open: Session._on_open,
-    wire.Datagram: Session._on_datagram, wire.Ping: Session._on_ping, wire.Pong: Session._on_pong,
-    wire.GoAway: Session._on_goaway, wire.Drain: Session._on_drain,
+_RECEIVED: Final[dict[type[Any], Callable[[Connection, Any], None]]] = {
+    wire.Data: Connection._on_data, wire.Window: Connection._on_window, wire.Head: Connection._on_head,
+    wire.End: Connection._on_end, wire.Reset: Connection._on_reset, wire.Open: Connection._on_open,
+    wire.Datagram: Connection._on_datagram, wire.Ping: Connection._on_ping, wire.Pong: Connection._on_pong,
+    wire.GoAway: Connection._on_goaway, wire.Drain: Connection._on_drain,
 }
