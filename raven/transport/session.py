@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 from raven.lograte import RateLimitedLog
 from raven.protocol import connection as core
 from raven.protocol import wire
-from raven.protocol.connection import StreamReset
+from raven.protocol.errors import LocalProtocolError
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
@@ -42,6 +42,7 @@ from raven.protocol.events import (
     StreamOpened,
 )
 from raven.protocol.state import LIVE, SessionState
+from raven.protocol.stream import StreamReset
 from raven.transport.pacer import Pacer
 from raven.transport.stream import Stream
 
@@ -68,8 +69,8 @@ ControlHandler = Callable[[wire.ControlFrame], None]
 class Session:
     """One tunnel connection carrying many streams, over a :class:`MessageSink`, around a ready ``core``.
 
-    The core comes from the handshake (raven/protocol/handshake.py, run by raven/transport/connect.py) or, in
-    tests, is built from known numbers; ``core.opener`` is True on the gateway side, which opens streams.
+    The core is the connection whose handshake raven/transport/connect.py ran (raven/protocol/handshake.py), or
+    in tests one after a handshake in memory; ``core.opener`` is True on the gateway side, which opens streams.
     """
 
     __slots__ = (
@@ -97,7 +98,7 @@ class Session:
         sock: Any = None,
     ) -> None:
         if session_core.state not in LIVE:
-            raise core.LocalProtocolError(f"a transport session needs an open core, not {session_core.state.value}")
+            raise LocalProtocolError(f"a transport session needs an open core, not {session_core.state.value}")
         self.loop = asyncio.get_running_loop()
         self.sink = sink
         self.name = name

@@ -212,13 +212,13 @@ def test_terms_of_a_version_3_open_are_its_fields_whatever_its_headers_say() -> 
 
 def negotiated(agent_speaks: tuple[int, ...], gateway_speaks: tuple[int, ...] = wire.SUPPORTED_VERSIONS,
                ) -> tuple[Connection, Connection]:
-    """A gateway and an agent session after a real HELLO/WELCOME exchange (no sockets)."""
-    client = handshake.ClientHandshake(wire.Hello("agent-a-1", "s" * 32, agent_speaks))
-    server = handshake.ServerHandshake(wire.DEFAULT_LIMITS)
-    hello = server.receive_hello(client.data_to_send()[0])
+    """A gateway and an agent connection after a real HELLO/WELCOME exchange (no sockets)."""
+    ag = handshake.ClientConnection(wire.Hello("agent-a-1", "s" * 32, agent_speaks))
+    gw = handshake.ServerConnection(wire.DEFAULT_LIMITS)
+    hello = gw.receive_hello(ag.data_to_send()[0])
     version = handshake.choose_version(hello.versions, gateway_speaks)
-    gw = server.accept(wire.Welcome(version, "gw-0", 1, 5.0, 15.0), 0.0)
-    ag, _ = client.receive_welcome(server.data_to_send()[0], 0.0, agent_speaks)
+    gw.accept(wire.Welcome(version, "gw-0", 1, 5.0, 15.0), 0.0)
+    ag.receive_welcome(gw.data_to_send()[0], 0.0, agent_speaks)
     return gw, ag
 
 
