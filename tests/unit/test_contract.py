@@ -251,9 +251,9 @@ def test_a_version_3_agent_ignores_x_raven_headers_from_its_gateway() -> None:
     gw, ag = negotiated((1, 2, 3))
     forged = ((DEADLINE_HEADER, "1"), (CLIENT_HEADER, "someone-else"), (COMPRESS_HEADER, "0"), ("Accept", "*/*"))
     got = opened(gw, ag, http_open(OpenFields(4000, "mine"), forged, sid=0))
-    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, default_timeout=10.0)
+    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, request_timeout=10.0)
     req = check_open(got, "10.0.0.1", policy)
-    assert (req.timeout, req.client, req.uplink_free) == (4.0, "mine", False)
+    assert (req.deadline.budget, req.client, req.uplink_free) == (4.0, "mine", False)
     assert req.headers == (("Accept", "*/*"),)  # no x-raven-* ever reaches the node
 
 
@@ -285,6 +285,6 @@ def test_filter_headers_drops_hop_by_hop_named_ravens_own_and_the_callers() -> N
 
 @pytest.mark.parametrize(("deadline_ms", "timeout"), [(0, 10.0), (1, 0.001), (2500, 2.5), (MAX_DEADLINE_MS, 10.0)])
 def test_the_agent_holds_the_gateways_deadline_within_its_own(deadline_ms: int, timeout: float) -> None:
-    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, default_timeout=10.0)
+    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, request_timeout=10.0)
     req = check_open(http_open(OpenFields(deadline_ms)), "10.0.0.1", policy)
-    assert req.timeout == timeout and req.client == "-"
+    assert req.deadline.budget == timeout and req.client == "-"
