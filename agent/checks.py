@@ -4,7 +4,8 @@ A compromised or buggy gateway must not turn the agent into an open proxy into t
 address comes only from the agent's inventory, the port only from its allowlist, the method only from its
 allowlist, and the request target must be origin-form (else a :class:`~raven.refusals.Refusal` whose reason
 fixes the metric label and the reset code). The upstream URL is built from those parts with yarl
-(never by pasting strings) and checked once more before anything is dialled. Pure functions, no I/O.
+(never by pasting strings) and checked once more before anything is dialled. No I/O: the request's deadline
+starts (raven/deadline.py, the one clock) as its OPEN is checked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from yarl import URL
 
+from raven.deadline import Deadline
 from raven.protocol import FRAMING, filter_headers, terms_of, wire
 from raven.refusals import Reason, Refusal
 
@@ -30,10 +32,9 @@ class Request:
     url: URL  # built from the inventory address, the allowed port and the checked target
     address: str
     headers: wire.Headers  # without Raven's own and without framing headers
-    timeout: float  # the gateway's deadline (never longer than the agent's own), in seconds from the OPEN
+    deadline: Deadline  # the gateway's (never longer than the agent's own), from the OPEN: every wait spends it
     client: str  # fairness key ("-" when the gateway sent none)
     uplink_free: bool = False  # the gateway says the pool's uplink is free: no gzip under compress "auto"
-    deadline: float = 0.0  # when ``timeout`` ends, on the clock whose ``now`` the OPEN was checked at
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +42,14 @@ class Policy:
     allowed_ports: frozenset[int]
     allowed_methods: frozenset[str]
     allow_connect: bool
-    default_timeout: float
+    request_timeout: float  # seconds: the deadline when the gateway states none, and the longest it may state
 
 
-def check_open(frame: wire.Open, address: str | None, policy: Policy, now: float = 0.0) -> Request:
+def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request:
     """Check one OPEN against the agent's own inventory address and policy; raise :class:`Refusal`.
 
-    ``now`` is the caller's clock when the OPEN arrived (the forwarder passes its loop's): the request's
-    ``deadline`` is counted from it once, and every wait of the agent for this request spends the same budget.
+    The request's ``deadline`` is made here, once, from the deadline the OPEN states: every wait of the agent for
+    this request spends it.
     """
     node = frame.node
     if address is None:
@@ -63,13 +64,10 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy, now: float
     # The gateway's terms (OPEN's fields from version 3, else its x-raven-* headers), within the agent's bounds: a
     # deadline no longer than its own timeout, a key the codec has bounded.
     terms = terms_of(frame)
-    timeout = policy.default_timeout
-    if terms.deadline_ms:
-        timeout = min(timeout, max(0.001, terms.deadline_ms / 1000))
     client = terms.client or "-"
     if frame.kind == wire.StreamKind.TCP:
-        return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (), timeout, client,
-                       deadline=now + timeout)
+        return Request(URL.build(scheme="tcp", host=address, port=frame.port), address, (),
+                       Deadline.stated(terms.deadline_ms, policy.request_timeout), client)
     target = frame.target
     if len(target) > MAX_TARGET:
         raise Refusal(Reason.AGENT_TARGET, f"request target of {len(target)} characters (limit {MAX_TARGET})")
@@ -84,5 +82,5 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy, now: float
         raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} would leave node {node!r}")
     # Headers from the gateway that never reach the node: hop-by-hop ones, Raven's own (raven.protocol's one filter)
     # and the framing (the agent's HTTP client frames the body it sends itself; a gateway must not choose it).
-    return Request(url, address, filter_headers(frame.headers, FRAMING), timeout, client, terms.uplink_free,
-                   now + timeout)
+    return Request(url, address, filter_headers(frame.headers, FRAMING),
+                   Deadline.stated(terms.deadline_ms, policy.request_timeout), client, terms.uplink_free)

@@ -32,8 +32,8 @@ from raven.config.agent import AgentGateway
 from raven.errors import RavenError
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
+from raven.protocol.errors import RemoteProtocolError
 from raven.protocol.flow import TokenBucket
-from raven.protocol.handshake import HandshakeRefused
 
 __all__ = ["Connect", "Dialler", "DuplicateReplica", "full_jitter", "unreachable"]
 
@@ -45,6 +45,10 @@ Connect = Callable[[aiohttp.ClientSession, DialTarget, str], Awaitable[bool]]
 
 class DuplicateReplica(RavenError):
     """This connection reached a replica the agent already holds a session to."""
+
+
+class Stopping(RavenError):
+    """The agent stops: a session whose handshake just ended is not started (counted as refused)."""
 
 
 def full_jitter(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
@@ -137,7 +141,7 @@ class Dialler:
             except DuplicateReplica as exc:
                 self.metrics.connects.labels("duplicate").inc()
                 self._log.info(target.key, "duplicate", "%s; dialling again", exc)
-            except HandshakeRefused as exc:
+            except (RemoteProtocolError, Stopping) as exc:  # the gateway's answer was no, or the agent's
                 self.metrics.connects.labels("refused").inc()
                 self._log.log(logging.ERROR, target.key, "refused", "%s", exc)
             except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:

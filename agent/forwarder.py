@@ -128,7 +128,7 @@ class Forwarder:
             return
         loop = asyncio.get_running_loop()
         try:
-            req = check_open(frame, self.nodes().get(frame.node), self.policy, loop.time())
+            req = check_open(frame, self.nodes().get(frame.node), self.policy)
         except Refusal as refused:
             self._refuse(stream, refused)
             return
@@ -180,7 +180,7 @@ class Forwarder:
         try:
             try:
                 if not slots.try_acquire(req.client):  # the common case takes a free slot without a timer
-                    async with asyncio.timeout_at(req.deadline):
+                    async with req.deadline.timeout():
                         await slots.acquire(req.client, gone=lambda: stream.finished)
             except Abandoned:
                 self._gone(stream)  # reset while it waited: dropped from the queue, never dialled
@@ -189,8 +189,8 @@ class Forwarder:
                 self._refuse(stream, Refusal(Reason.AGENT_QUEUE_FULL, f"node {node} is busy: {exc}"))
                 return
             except TimeoutError:
-                self._refuse(stream, Refusal(Reason.AGENT_QUEUE_TIMEOUT, f"waited {req.timeout:.1f}s for a connection "
-                                             f"to node {node}"))
+                self._refuse(stream, Refusal(Reason.AGENT_QUEUE_TIMEOUT, f"waited {req.deadline.budget:.1f}s for a "
+                                             f"connection to node {node}"))
                 return
             except asyncio.CancelledError:
                 if stream.finished:
@@ -246,7 +246,7 @@ class Forwarder:
         try:
             # The deadline the slot wait already spent from, not a fresh one: the agent answers within the
             # gateway's budget however long the request queued for its node.
-            async with asyncio.timeout_at(req.deadline):
+            async with req.deadline.timeout():
                 try:
                     resp = await self._upstream.request(
                         req.address,
@@ -314,7 +314,8 @@ class Forwarder:
                 log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)
         except TimeoutError:
             code = "timeout"
-            stream.reset(wire.ResetCode.TIMEOUT, f"node {frame.node} did not answer within {req.timeout:.1f}s")
+            stream.reset(wire.ResetCode.TIMEOUT,
+                         f"node {frame.node} did not answer within {req.deadline.budget:.1f}s")
         except StreamReset as exc:
             code = "cancelled"
             self._log.info(frame.node, "gateway-reset", "stream to %s ended by the gateway: %s", frame.node, exc.reason)

@@ -21,7 +21,7 @@ import aiohttp
 
 from agent.checks import Policy
 from agent.control import GatewayControl
-from agent.dialler import Dialler, DuplicateReplica
+from agent.dialler import Dialler, DuplicateReplica, Stopping
 from agent.forwarder import Forwarder
 from agent.layer3 import AgentLayer3
 from agent.targets import DialTarget
@@ -34,8 +34,6 @@ from raven.ops.fdlimit import AGENT_FD_OVERHEAD, check_descriptors
 from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import wire
-from raven.protocol.handshake import HandshakeRefused
-from raven.refusals import Reason
 from raven.transport.connect import connect
 from raven.transport.session import Session
 from raven.transport.tls import CertReloader, expiries
@@ -236,7 +234,7 @@ class Agent:
         try:
             session, welcome = await connect(ws, hello, limits=self.limits, timeout=lim.handshake_timeout)
             if self.draining:
-                raise HandshakeRefused(Reason.AGENT_STOPPING, "agent is stopping: not starting a new session")
+                raise Stopping("agent is stopping: not starting a new session")
             if welcome.replica in self.replica_sessions:
                 raise DuplicateReplica(
                     f"connection via {target.key} reached replica {welcome.replica!r}, which this agent already "

@@ -38,7 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, Proc
-from raven.protocol import handshake, wire
+from raven.protocol import wire
+from raven.protocol.errors import RemoteProtocolError
 from raven.transport.connect import connect
 from raven.transport.session import Stream
 from raven.transport.tls import client_context
@@ -87,7 +88,7 @@ async def sim_agent(i: int, url: str, certs: Path, per_agent: int, stop: asyncio
                     await session.run(messages(ws))
                 finally:
                     await ws.close()
-            except (aiohttp.ClientError, OSError, TimeoutError, handshake.HandshakeRefused, ssl.SSLError,
+            except (aiohttp.ClientError, OSError, TimeoutError, RemoteProtocolError, ssl.SSLError,
                     AttributeError):
                 pass
             attempt += 1

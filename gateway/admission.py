@@ -23,6 +23,7 @@ from gateway.registry import NodeEntry, Registry
 from gateway.request import Target, parse_target
 from raven.config import GatewayFront
 from raven.counters import KeyedCounter
+from raven.deadline import NO_DEADLINE, Deadline
 from raven.ops.metrics import GatewayMetrics
 from raven.refusals import Reason, Refusal
 from raven.transport.guard import ConnectionGuard
@@ -46,7 +47,7 @@ class Exchange:
     pool: str = "-"
     target: Target | None = None
     entry: NodeEntry | None = None
-    deadline: float = 0.0
+    deadline: Deadline = NO_DEADLINE  # made once the node is known (:meth:`Admission.admit`)
     agent: str = ""
     code: str = ""  # the outcome: a status ("200", "404"), "broken-502", "client-gone", "client-stalled", ...
     reason: str = ""
@@ -132,7 +133,7 @@ class Admission:
         ex.pool = found.entry.pool
         if found.refusal is not None:
             raise found.refusal
-        ex.deadline = ex.start + self.timeout(request)
+        ex.deadline = Deadline.after(self.budget(request), ex.start)
 
     def _vouch(self, ex: Exchange, entry: NodeEntry | None) -> None:
         """The request passed the credentials check: its connection is an authenticated one from now on, unless
@@ -153,8 +154,9 @@ class Admission:
         raise Refusal(Reason.METHOD, f"method {method[:20]} is not allowed here (allowed: {self.allow_header})",
                       {"Allow": self.allow_header})
 
-    def timeout(self, request: web.BaseRequest) -> float:
-        """The request's deadline: ``request_timeout``, or Prometheus's scrape timeout when shorter."""
+    def budget(self, request: web.BaseRequest) -> float:
+        """The seconds the request's deadline gives it: ``request_timeout``, or Prometheus's scrape timeout when
+        shorter."""
         timeout = self.cfg.request_timeout
         asked = request.headers.get("X-Prometheus-Scrape-Timeout-Seconds")
         if asked:

@@ -40,7 +40,6 @@ from raven.ops.metrics import GatewayMetrics
 from raven.protocol import (
     FORWARDED,
     IDEMPOTENT,
-    MAX_DEADLINE_MS,
     Open,
     OpenFields,
     filter_headers,
@@ -232,10 +231,9 @@ class Proxy:
             self.metrics.streams.inc()
             progress = _BodyProgress()
             try:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline.left() <= 0:
                     raise TimeoutError
-                async with asyncio.timeout(remaining):
+                async with deadline.timeout():
                     if body:
                         async with asyncio.timeout(self.cfg.body_timeout):
                             await self._send_body(request, stream, progress)
@@ -250,7 +248,7 @@ class Proxy:
                 raise Refusal(
                     Reason.TIMEOUT,
                     f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no response head "
-                    f"within {self.admission.timeout(request):.1f}s",
+                    f"within {deadline.budget:.1f}s",
                 ) from None
             except StreamReset as exc:
                 stream.close()
@@ -303,7 +301,7 @@ class Proxy:
         # The request's terms: OPEN's fields from protocol version 3, x-raven-* headers to an older agent (the
         # session of the agent chosen writes them so, raven/protocol/terms.py).
         fields = OpenFields(
-            deadline_ms=min(MAX_DEADLINE_MS, max(1, int((ex.deadline - time.monotonic()) * 1000))),
+            deadline_ms=ex.deadline.ms(),
             client=client_key(client),
             uplink_free=self.pools is not None and not self.pools.compress(ex.pool),  # the agent sends as is
         )
@@ -346,12 +344,12 @@ class Proxy:
                 if stream.readable:  # usually so: HEAD, DATA and FIN of a page come in one message; no timer then
                     first = await stream.read()
                 else:
-                    async with asyncio.timeout_at(self._loop_deadline(ex.deadline)):
+                    async with ex.deadline.timeout():
                         first = await stream.read()
             except TimeoutError:
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
                 raise Refusal(Reason.TIMEOUT, f"node {target.node!r} (pool {ex.pool!r}, agent {ex.agent}) sent "
-                                   f"no response body within {self.admission.timeout(request):.1f}s") from None
+                                   f"no response body within {ex.deadline.budget:.1f}s") from None
             except StreamReset as exc:
                 raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
@@ -361,7 +359,7 @@ class Proxy:
         await resp.prepare(request)
         received = 0
         try:
-            async with asyncio.timeout_at(self._loop_deadline(ex.deadline)):
+            async with ex.deadline.timeout():
                 # Without a body, still wait for the FIN (normally already here) so the stream ends cleanly.
                 chunk = await stream.read() if no_body else first
                 while chunk:
@@ -425,10 +423,6 @@ class Proxy:
         self._abort(request)
         ex.code, ex.reason = "client-stalled", "the client stopped reading"
         self.metrics.front_refused.labels(Reason.WRITE_STALL.label).inc()
-
-    @staticmethod
-    def _loop_deadline(deadline: float) -> float:
-        return asyncio.get_running_loop().time() + (deadline - time.monotonic())
 
     @staticmethod
     def _abort(request: web.BaseRequest) -> None:

@@ -23,8 +23,8 @@ from raven.ops import gcpause
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
 from raven.protocol.control import ControlDispatcher
-from raven.protocol.handshake import HandshakeRefused
-from raven.refusals import Reason, Refusal
+from raven.protocol.errors import RemoteProtocolError
+from raven.refusals import HandshakeRefused, Reason, Refusal, handshake_reason
 from raven.transport.connect import accept
 from raven.transport.session import Stream
 from raven.transport.websocket import messages
@@ -205,8 +205,8 @@ class TunnelEndpoint:
                                    key=expected)
         try:
             chosen = handshake.choose_version(hello.versions)
-        except HandshakeRefused as err:
-            raise HandshakeRefused(err.reason, f"{err.text} (see docs/skew.md)", key=expected) from None
+        except RemoteProtocolError as err:
+            raise HandshakeRefused(handshake_reason(err.code), f"{err.text} (see docs/skew.md)", key=expected) from None
         too_old = self._release_refused(hello)
         if too_old:
             raise HandshakeRefused(Reason.AGENT_VERSION, too_old, key=expected)
@@ -222,13 +222,17 @@ class TunnelEndpoint:
             release=version.RELEASE,
         )
 
-    def _refused(self, claim: Claim, peer: str, err: HandshakeRefused) -> None:
+    def _refused(self, claim: Claim, peer: str, err: RemoteProtocolError | HandshakeRefused, answered: bool) -> None:
         """Log (rate-limited) and count a refused handshake; the label is the reason's, never the peer's text."""
-        if not err.answered:  # no HELLO came: nothing was said, nothing is counted
-            self._log.warning(peer, err.label, "agent %s (%s): %s", claim.common_name, peer, err.text)
+        if isinstance(err, HandshakeRefused):
+            label, key = err.label, err.key
+        else:  # the core's code: the peer broke the handshake
+            label, key = handshake_reason(err.code).label, ""
+        if not answered:  # no HELLO came: nothing was said, nothing is counted
+            self._log.warning(peer, label, "agent %s (%s): %s", claim.common_name, peer, err.text)
             return
-        self._log.warning(err.key or peer, err.label, "closing tunnel: %s", err.text)
-        self.metrics.handshake_failures.labels(err.label).inc()
+        self._log.warning(key or peer, label, "closing tunnel: %s", err.text)
+        self.metrics.handshake_failures.labels(label).inc()
 
     def _release_refused(self, hello: wire.Hello) -> str:
         """Why this agent's release is below ``tunnel.min_agent_version`` (empty: it is not)."""
@@ -243,7 +247,7 @@ class TunnelEndpoint:
             session, hello = await accept(ws, functools.partial(self._admit, claim, peer),
                                           functools.partial(self._refused, claim, peer), limits=self.limits,
                                           timeout=self.cfg.limits.handshake_timeout)
-        except HandshakeRefused:
+        except (RemoteProtocolError, HandshakeRefused):
             return
         pools = claim.pools
         session.on_stream_closed = self._stream_closed

@@ -1,8 +1,8 @@
 """Refusals as values: one :class:`Refusal` type with a :class:`Reason` code, used by every check.
 
 Every check that says no (the front door, its credentials, the pool check, the agent's check of each OPEN,
-the registry's check of each claimed node, the name rule, the tunnel handshake on either side) raises or returns a
-:class:`Refusal`. Its :class:`Reason` is a code, not text: it fixes
+the registry's check of each claimed node, the name rule, the gateway's side of the tunnel handshake) raises or
+returns a :class:`Refusal`. Its :class:`Reason` is a code, not text: it fixes
 
 - ``where``: which check refused, and so which counter counts it (:class:`Where`);
 - ``label``: the counter's ``reason`` label value, a fixed word (dashboards and rules read these; they never
@@ -10,7 +10,8 @@ the registry's check of each claimed node, the name rule, the tunnel handshake o
 - ``status``: the HTTP status of the answer. For the front door it is the status the client gets; for the agent's
   checks, the status its reset becomes at the gateway (``reset_code``); for a claim the registry refuses, what it
   is as an HTTP answer (invalid input 400, not allowed 403, a conflict 409, a cap 503); for the handshake, the
-  status of the tunnel port's answer (for the agent's side of it, what the gateway's answer was as HTTP).
+  status of the tunnel port's answer. The protocol core knows none of this: its own codes (raven/protocol/errors.py)
+  are mapped here.
 
 The refusal's ``text`` is for people (the response body, the log line, the agent's log): it says which node and
 which pool, and what to do. Code never reads it: control flow and metric labels come from ``reason``.
@@ -22,20 +23,17 @@ import enum
 from collections.abc import Mapping
 
 from raven.errors import RavenError
+from raven.protocol.errors import HandshakeCode
 from raven.protocol.wire import ResetCode
 
 
 class Where(enum.Enum):
-    """Which check refused; each but ``SESSION`` has its own counter (its ``reason`` label takes
-    :attr:`Reason.label`)."""
+    """Which check refused; each has its own counter (its ``reason`` label takes :attr:`Reason.label`)."""
 
     FRONT = "front"  # raven_gateway_front_refused_total{reason}
     AGENT = "agent"  # raven_agent_refused_streams_total{reason}
     REGISTRATION = "registration"  # raven_gateway_registration_refusals_total{pool,reason}
     HANDSHAKE = "handshake"  # raven_gateway_handshake_failures_total{reason}
-    # The agent's view of the session handshake: all are counted as raven_agent_connect_attempts_total{result=
-    # "refused"} (the value docs/skew.md and the dashboards know); the code tells them apart where code must.
-    SESSION = "session"
 
 
 _R = ResetCode
@@ -102,8 +100,8 @@ class Reason(enum.Enum):
     # ---------------------------------------------------------------- the tunnel handshake (gateway/tunnel.py)
     # The labels raven_gateway_handshake_failures_total has always had (dashboards and docs/security.md read
     # them). The ones before the WebSocket upgrade are answered with their status; the others are sent in GOAWAY
-    # (their status says what they are). raven/protocol/handshake.py and gateway/tunnel.py raise them as
-    # :class:`raven.protocol.handshake.HandshakeRefused`.
+    # (their status says what they are). gateway/tunnel.py raises its policy's as :class:`HandshakeRefused`; the
+    # core's own codes (raven.protocol.errors.HandshakeCode) are mapped by :func:`handshake_reason`.
     CLIENT_CERTIFICATE_REQUIRED = (Where.HANDSHAKE, "client certificate required", 401)
     UNREADABLE_CLIENT_CERTIFICATE = (Where.HANDSHAKE, "unreadable client certificate", 403)
     NOT_AN_AGENT_CERTIFICATE = (Where.HANDSHAKE, "not-an-agent-certificate", 403)
@@ -122,32 +120,11 @@ class Reason(enum.Enum):
     REGISTER_RATE = (Where.HANDSHAKE, "register-rate", 429)
     ROUTES_RATE = (Where.HANDSHAKE, "routes-rate", 429)
 
-    # ---------------------------------------------------------------- the agent's side of the handshake
-    # (raven/protocol/handshake.py ClientHandshake, raven/transport/connect.py, agent/service.py). The status is
-    # what the gateway's answer is as HTTP: a bad answer 502, a refusal or a stop 503.
-    BAD_WELCOME = (Where.SESSION, "bad-welcome", 502)  # the answer to HELLO does not decode
-    GATEWAY_REFUSED = (Where.SESSION, "goaway", 503)  # the gateway answered GOAWAY (its reason in the text)
-    NO_WELCOME = (Where.SESSION, "unexpected-frame", 502)  # the answer is another frame
-    WELCOME_VERSION = (Where.SESSION, "version", 502)  # the gateway chose a version this agent does not speak
-    HANDSHAKE_CLOSED = (Where.SESSION, "closed", 502)  # the connection closed before WELCOME
-    AGENT_STOPPING = (Where.SESSION, "stopping", 503)  # the agent stops: the new session is not started
-
     def __init__(self, where: Where, label: str, status: int, reset_code: ResetCode | None = None) -> None:
         self.where = where
         self.label = label
         self.status = status
         self.reset_code = reset_code
-
-    @classmethod
-    def of(cls, where: Where, label: str) -> Reason | None:
-        """The reason a counter's label value stands for (None: not one of ``where``'s)."""
-        return _BY_LABEL.get((where, label))
-
-
-_BY_LABEL: Mapping[tuple[Where, str], Reason] = {
-    # The two credential reasons share "auth"; the first (401) stands for the label.
-    **{(r.where, r.label): r for r in reversed(Reason)},
-}
 
 
 class Refusal(RavenError):
@@ -181,6 +158,32 @@ class Refusal(RavenError):
 
     def __repr__(self) -> str:
         return f"Refusal({self.reason.name}, {self.text!r})"
+
+
+class HandshakeRefused(Refusal):
+    """The gateway's policy refuses a HELLO (a :class:`Reason` of ``Where.HANDSHAKE``): it is answered with GOAWAY
+    and the text. ``key`` is whom the log line is rate-limited by (empty: the peer's address)."""
+
+    def __init__(self, reason: Reason, text: str, *, key: str = "") -> None:
+        super().__init__(reason, text)
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"HandshakeRefused({self.reason.name}, {self.text!r})"
+
+
+# The core's handshake codes as the gateway counts them (the agent counts every refusal as one result: its
+# raven_agent_connect_attempts_total{result="refused"}, the log line says which).
+HANDSHAKE_REASON: Mapping[HandshakeCode, Reason] = {
+    HandshakeCode.NO_HELLO: Reason.NO_HELLO,
+    HandshakeCode.BAD_HELLO: Reason.BAD_HELLO,
+    HandshakeCode.VERSION: Reason.VERSION,
+}
+
+
+def handshake_reason(code: HandshakeCode) -> Reason:
+    """The gateway's reason for a handshake its peer broke (a code only an agent meets counts as a bad HELLO)."""
+    return HANDSHAKE_REASON.get(code, Reason.BAD_HELLO)
 
 
 # What the front door answers when a stream is reset before anything reached the client (before HEAD, or before

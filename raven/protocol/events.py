@@ -2,7 +2,7 @@
 
 The asyncio layer (raven/transport/) turns each event into a woken waiter; tests drive two sessions against each
 other and read the events directly. Events a *local* call causes are not reported: the caller knows what it did,
-and asks :meth:`raven.protocol.session.Session.alive` whether the stream is still in the table.
+and asks :meth:`raven.protocol.connection.Connection.alive` whether the stream is still in the table.
 """
 
 from __future__ import annotations

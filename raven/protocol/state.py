@@ -1,4 +1,5 @@
-"""A session's life as named states and the table of what moves it (h11's ``_state.py`` idea: the rules as data).
+"""A connection's life as named states and the table of what moves it (h11's ``_state.py`` idea: the rules as
+data). One object, raven/protocol/connection.py's :class:`Connection`, goes through all of it.
 
 ::
 
@@ -7,12 +8,13 @@
         +------END---------+---------END----------+--> ENDED --CLOSE--> CLOSED
         +------CLOSE-------+---------CLOSE--------+------------CLOSE-----^
 
-- HANDSHAKE: HELLO and WELCOME are being exchanged; no stream exists yet.
+- HANDSHAKE: HELLO and WELCOME are being exchanged; no stream exists yet. The handshake's end takes AGREED
+  (WELCOME sent or read), END (refused, or broken) or CLOSE (the local side gives up on it: no WELCOME in time).
 - OPEN: streams flow both ways.
 - DRAINING: the peer said DRAIN: the streams in flight finish, a gateway picks another agent for new ones.
 - ENDED: the protocol is over (GOAWAY either way, a protocol error, a silent peer, a peer that does not read, a
   refused handshake); every stream was aborted and the transport must now be closed (h11's MUST_CLOSE).
-- CLOSED: the local side closed the session; nothing more is sent or received.
+- CLOSED: the local side closed the connection; nothing more is sent or received.
 
 A pair not in :data:`SESSION_TRANSITIONS` is refused with :class:`SessionStateError`: a bug in the caller, never
 the peer's doing (what a peer sends moves the state only through the legal events).

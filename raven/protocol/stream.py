@@ -6,7 +6,7 @@ Each direction of a stream is a small machine (h11's ``_state.py`` idea: the rul
 
 The opener's (gateway's) sending half starts in BODY (its OPEN was the head) and its receiving half in HEAD
 (the response head comes first); the acceptor's (agent's) halves are the mirror. An OPEN with FIN starts the
-request half in DONE. A RESET, sent or received, ends both halves at once. raven/protocol/session.py keeps the
+request half in DONE. A RESET, sent or received, ends both halves at once. raven/protocol/connection.py keeps the
 table of these and moves them.
 """
 
@@ -17,6 +17,7 @@ from typing import Final
 
 from raven.errors import RavenError
 from raven.protocol import wire
+from raven.protocol.errors import LocalProtocolError
 from raven.protocol.flow import RecvWindow, SendCredit
 
 
@@ -63,10 +64,6 @@ class StreamReset(RavenError):
         self.code = code
         self.reason = reason
         self.remote = remote
-
-
-class LocalProtocolError(RavenError, RuntimeError):
-    """This side tried something the protocol does not allow (a bug in the caller, never the peer's doing)."""
 
 
 def code_name(code: int) -> str:

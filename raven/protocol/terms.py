@@ -19,6 +19,12 @@ _CLIENT_KEY = re.compile(rf"[A-Za-z0-9_-]{{1,{wire.MAX_CLIENT_KEY}}}")
 _MAX_DEADLINE_DIGITS = 9  # a longer header value is ignored (versions 1 and 2 read it so)
 
 
+def clamp_deadline_ms(ms: int) -> int:
+    """A deadline as the contract carries it: whole milliseconds, 1..``wire.MAX_DEADLINE_MS`` (the one clamp, for
+    what is sent and for a header read leniently; raven/deadline.py makes and spends the value)."""
+    return min(max(1, ms), wire.MAX_DEADLINE_MS)
+
+
 def legacy_headers(fields: wire.OpenFields) -> wire.Headers:
     """The ``x-raven-*`` headers that state ``fields`` to a peer of version 1 or 2 (nothing for what is unset)."""
     out: list[tuple[str, str]] = []
@@ -64,7 +70,7 @@ def terms_of(frame: wire.Open) -> wire.OpenFields:
             continue
         if low == DEADLINE_HEADER:
             if value.isascii() and value.isdigit() and len(value) <= _MAX_DEADLINE_DIGITS:
-                deadline_ms = min(max(1, int(value)), wire.MAX_DEADLINE_MS)
+                deadline_ms = clamp_deadline_ms(int(value))
         elif low == CLIENT_HEADER:
             if _CLIENT_KEY.fullmatch(value):
                 client = value

@@ -1,7 +1,7 @@
 """Both ends of the tunnel's handshake over a WebSocket, for both services: :func:`connect` (the agent) and
-:func:`accept` (the gateway). Each drives the sans-I/O handshake (raven/protocol/handshake.py) and returns a
-ready :class:`raven.transport.session.Session`, not yet running: the caller attaches its handlers, then awaits
-``session.run(messages(ws))``. Every wait has the handshake's deadline.
+:func:`accept` (the gateway). Each drives its side of the one sans-I/O connection (raven/protocol/handshake.py:
+HANDSHAKE to OPEN) and returns it ready in a :class:`raven.transport.session.Session`, not yet running: the caller
+attaches its handlers, then awaits ``session.run(messages(ws))``. Every wait has the handshake's deadline.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from raven.protocol import wire
-from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
-from raven.refusals import Reason
+from raven.protocol.errors import HandshakeCode, RemoteProtocolError
+from raven.protocol.handshake import ClientConnection, ServerConnection
+from raven.refusals import HandshakeRefused
 from raven.transport.session import Session
 from raven.transport.websocket import WebSocketSink
 
@@ -26,55 +27,64 @@ async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, lim
                   timeout: float) -> tuple[Session, wire.Welcome]:
     """The agent's side: send HELLO, read WELCOME within ``timeout``; the session is named after the replica.
 
-    Raises :class:`HandshakeRefused` (a GOAWAY, a bad answer, the connection closed) or ``TimeoutError``.
+    Raises :class:`RemoteProtocolError` (a GOAWAY, a bad answer, the connection closed) or ``TimeoutError``.
     """
-    hs = ClientHandshake(hello, limits)
-    async with asyncio.timeout(timeout):
-        for message in hs.data_to_send():
-            await ws.send_bytes(message)
-        msg = await ws.receive()
+    conn = ClientConnection(hello, limits)
+    try:
+        async with asyncio.timeout(timeout):
+            for message in conn.data_to_send():
+                await ws.send_bytes(message)
+            msg = await ws.receive()
+    except BaseException as exc:  # no WELCOME in time, or the agent stops: it gives up on the handshake
+        conn.close(reason=f"handshake abandoned: {type(exc).__name__}")
+        raise
     if msg.type != aiohttp.WSMsgType.BINARY:
-        raise hs.fail(HandshakeRefused(Reason.HANDSHAKE_CLOSED,
-                                       f"gateway closed the tunnel during the handshake ({msg.type.name})"))
-    session_core, welcome = hs.receive_welcome(msg.data, asyncio.get_running_loop().time())
+        err = RemoteProtocolError(HandshakeCode.CLOSED,
+                                  f"gateway closed the tunnel during the handshake ({msg.type.name})")
+        conn.fail(err.text)
+        raise err
+    welcome = conn.receive_welcome(msg.data, asyncio.get_running_loop().time())
     sock = ws.get_extra_info("socket")  # the tunnel's TCP socket: paced (raven/transport/pacer.py)
-    return Session(WebSocketSink(ws), session_core, name=f"gw:{welcome.replica}", sock=sock), welcome
+    return Session(WebSocketSink(ws), conn, name=f"gw:{welcome.replica}", sock=sock), welcome
 
 
 async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.Welcome],
-                 refused: Callable[[HandshakeRefused], None], *, limits: wire.Limits,
+                 refused: Callable[[RemoteProtocolError | HandshakeRefused, bool], None], *, limits: wire.Limits,
                  timeout: float) -> tuple[Session, wire.Hello]:
     """The gateway's side: read HELLO within ``timeout``, ask ``admit`` (the gateway's policy: it returns the
     WELCOME or raises :class:`HandshakeRefused`), answer WELCOME; the session is named after the agent.
 
-    A refusal is told to ``refused`` (log, metric), answered with GOAWAY (best effort) and raised; a HELLO that
-    never came is told and raised unanswered.
+    A refusal (the core's :class:`RemoteProtocolError` or the policy's) is told to ``refused`` with True (log,
+    metric), answered with GOAWAY (best effort) and raised; a HELLO that never came is told with False and raised
+    unanswered.
     """
-    hs = ServerHandshake(limits)
+    conn = ServerConnection(limits)
     try:
         async with asyncio.timeout(timeout):
             msg = await ws.receive_bytes()
     except TimeoutError:
-        err = hs.fail(HandshakeRefused(Reason.NO_HELLO, f"no HELLO within {timeout:.0f}s", answered=False))
-        refused(err)
+        err = RemoteProtocolError(HandshakeCode.NO_HELLO, f"no HELLO within {timeout:.0f}s")
+        conn.fail(err.text)
+        refused(err, False)
         raise err from None
     except (TypeError, ConnectionError) as exc:
-        err = hs.fail(HandshakeRefused(Reason.BAD_HELLO, f"bad first message: {exc}", answered=False))
-        refused(err)
+        err = RemoteProtocolError(HandshakeCode.BAD_HELLO, f"bad first message: {exc}")
+        conn.fail(err.text)
+        refused(err, False)
         raise err from None
     try:
-        hello = hs.receive_hello(msg)
+        hello = conn.receive_hello(msg)
         welcome = admit(hello)
-    except HandshakeRefused as err:
-        hs.refuse(err)
-        refused(err)
+    except (RemoteProtocolError, HandshakeRefused) as refusal:
+        conn.refuse(refusal.text)
+        refused(refusal, True)
         with contextlib.suppress(TimeoutError, ConnectionError):
             async with asyncio.timeout(GOAWAY_SEND_TIMEOUT):
-                for message in hs.data_to_send():
+                for message in conn.data_to_send():
                     await ws.send_bytes(message)
         raise
-    session_core = hs.accept(welcome, asyncio.get_running_loop().time())
-    for message in hs.data_to_send():
+    conn.accept(welcome, asyncio.get_running_loop().time())
+    for message in conn.data_to_send():
         await ws.send_bytes(message)
-    return Session(WebSocketSink(ws), session_core, name=f"{hello.agent}/{hello.session[:8]}",
+    return Session(WebSocketSink(ws), conn, name=f"{hello.agent}/{hello.session[:8]}",
                    sock=ws.get_extra_info("socket")), hello

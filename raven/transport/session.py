@@ -1,4 +1,4 @@
-"""The asyncio side of a tunnel session: a ready sans-I/O core (raven.protocol.session) run over a message transport.
+"""The asyncio side of a tunnel session: a ready sans-I/O core (raven.protocol.connection) run over a message transport.
 
 The split is websockets' ``protocol.py`` beside ``asyncio/connection.py``: the core holds every rule and the
 session's state (raven/protocol/state.py); this layer only moves bytes and wakes waiters. One reader
@@ -24,8 +24,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, Protocol
 
 from raven.lograte import RateLimitedLog
-from raven.protocol import session as core
+from raven.protocol import connection as core
 from raven.protocol import wire
+from raven.protocol.errors import LocalProtocolError
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
@@ -40,8 +41,8 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
-from raven.protocol.session import StreamReset
 from raven.protocol.state import LIVE, SessionState
+from raven.protocol.stream import StreamReset
 from raven.transport.pacer import Pacer
 from raven.transport.stream import Stream
 
@@ -68,8 +69,8 @@ ControlHandler = Callable[[wire.ControlFrame], None]
 class Session:
     """One tunnel connection carrying many streams, over a :class:`MessageSink`, around a ready ``core``.
 
-    The core comes from the handshake (raven/protocol/handshake.py, run by raven/transport/connect.py) or, in
-    tests, is built from known numbers; ``core.opener`` is True on the gateway side, which opens streams.
+    The core is the connection whose handshake raven/transport/connect.py ran (raven/protocol/handshake.py), or
+    in tests one after a handshake in memory; ``core.opener`` is True on the gateway side, which opens streams.
     """
 
     __slots__ = (
@@ -88,7 +89,7 @@ class Session:
     def __init__(
         self,
         sink: MessageSink,
-        session_core: core.Session,
+        session_core: core.Connection,
         *,
         name: str,
         on_open: OpenHandler | None = None,
@@ -97,7 +98,7 @@ class Session:
         sock: Any = None,
     ) -> None:
         if session_core.state not in LIVE:
-            raise core.LocalProtocolError(f"a transport session needs an open core, not {session_core.state.value}")
+            raise LocalProtocolError(f"a transport session needs an open core, not {session_core.state.value}")
         self.loop = asyncio.get_running_loop()
         self.sink = sink
         self.name = name

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from raven.protocol import wire
-from raven.protocol.session import StreamReset
+from raven.protocol.stream import StreamReset
 
 _EMPTY = b""
 

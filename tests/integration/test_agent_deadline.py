@@ -4,7 +4,9 @@ A node answers each request only after ``HOLD`` seconds and the agent has one up
 streams arrive together with a deadline of ``DEADLINE`` seconds: the first takes the slot, the second waits
 ``HOLD`` for it and would then wait ``HOLD`` again for its answer. ``HOLD`` < ``DEADLINE`` < 2 * ``HOLD``:
 with a fresh timer per wait the second stream would answer after about 2 * ``HOLD``; with one deadline it is
-reset (TIMEOUT) within ``DEADLINE``.
+reset (TIMEOUT) within ``DEADLINE``. The deadline is either the agent's own ``request_timeout`` or the one the
+gateway states in OPEN (the tunnel's contract, ``deadline_ms``), shorter than the agent's own: the same value is
+spent either way (raven/deadline.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from agent.checks import Policy
 from agent.forwarder import Forwarder
 from raven.ops.metrics import AgentMetrics
-from raven.protocol import wire
+from raven.protocol import OpenFields, wire
 from raven.protocol.stream import StreamReset
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.memsession import pair
@@ -73,15 +75,18 @@ async def _outcome(stream: object, started: float) -> tuple[str, float]:
         return wire.ResetCode(exc.code).name, loop.time() - started
 
 
-async def test_slot_wait_and_request_share_one_deadline(node: tuple[str, int]) -> None:
+@pytest.mark.parametrize("stated", [False, True], ids=["agents-own", "stated-in-open"])
+async def test_slot_wait_and_request_share_one_deadline(node: tuple[str, int], stated: bool) -> None:
     host, port = node
-    policy = Policy(frozenset([port]), frozenset(["GET"]), False, DEADLINE)  # the agent's own bound = the budget
+    # The budget: the agent's own bound, or the gateway's deadline in OPEN under an agent bound of a minute.
+    policy = Policy(frozenset([port]), frozenset(["GET"]), False, 60.0 if stated else DEADLINE)
+    fields = OpenFields(deadline_ms=int(DEADLINE * 1000), client="c1") if stated else None
     forwarder = Forwarder(lambda: {"edge-d-1": host}, policy, AgentMetrics(), connect_timeout=5,
                           connections_per_node=1, draining=lambda: False, client_share=1.0)
     gw, ag, tasks = await pair(forwarder.on_open)
     try:
         opened = wire.Open(0, wire.StreamKind.HTTP, "edge-d-1", port, "GET", "/metrics",
-                           (("host", f"edge-d-1:{port}"),), True)
+                           (("host", f"edge-d-1:{port}"),), True, fields)
         started = asyncio.get_running_loop().time()
         first, second = gw.open_stream(opened), gw.open_stream(opened)
         async with asyncio.timeout(3 * HOLD + 2):

@@ -74,11 +74,11 @@ async def negotiated_pair(on_open: OpenHandler, agent_speaks: tuple[int, ...]
                           ) -> tuple[Session, Session, list[asyncio.Task[None]]]:
     """Gateway and agent sessions built by the handshake (the agent offering ``agent_speaks``), joined in memory."""
     now = asyncio.get_running_loop().time()
-    client = handshake.ClientHandshake(wire.Hello("agent-v-1", "s" * 32, agent_speaks))
-    server = handshake.ServerHandshake(wire.DEFAULT_LIMITS)
-    hello = server.receive_hello(client.data_to_send()[0])
-    gw_core = server.accept(wire.Welcome(handshake.choose_version(hello.versions), "gw-0", 1, 5.0, 15.0), now)
-    ag_core, _ = client.receive_welcome(server.data_to_send()[0], now, agent_speaks)
+    ag_core = handshake.ClientConnection(wire.Hello("agent-v-1", "s" * 32, agent_speaks))
+    gw_core = handshake.ServerConnection(wire.DEFAULT_LIMITS)
+    hello = gw_core.receive_hello(ag_core.data_to_send()[0])
+    gw_core.accept(wire.Welcome(handshake.choose_version(hello.versions), "gw-0", 1, 5.0, 15.0), now)
+    ag_core.receive_welcome(gw_core.data_to_send()[0], now, agent_speaks)
     to_agent: asyncio.Queue[bytes | None] = asyncio.Queue()
     to_gateway: asyncio.Queue[bytes | None] = asyncio.Queue()
     gw = Session(QueueSink(to_agent), gw_core, name="gw")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from raven.protocol import session as core
+from raven.protocol import connection as core
 from raven.protocol import wire
+from raven.protocol.handshake import ClientConnection, ServerConnection
 from raven.transport.session import OpenHandler, Session
 
 
@@ -42,12 +43,26 @@ async def pair(
     return gw, ag, tasks
 
 
+def core_pair(window: int = 64 * 1024, max_streams: int = 64, *, version: int = wire.PROTOCOL_VERSION,
+              heartbeat: tuple[float, float] = (5.0, 15.0), limits: wire.Limits = wire.DEFAULT_LIMITS,
+              now: float = 0.0) -> tuple[ServerConnection, ClientConnection]:
+    """The gateway's and the agent's cores after a real HELLO/WELCOME between them in memory: both OPEN on the same
+    numbers seen from each end (``window``, ``max_streams``, ``version``, ``heartbeat`` counted from ``now``)."""
+    agent = ClientConnection(wire.Hello("agent-1", "s" * 32, (version,), window, max_streams), limits, now)
+    gateway = ServerConnection(limits, now)
+    (hello,) = agent.data_to_send()
+    gateway.receive_hello(hello)
+    gateway.accept(wire.Welcome(version, "gw-0", 1, heartbeat[0], heartbeat[1], window, max_streams), now)
+    (welcome,) = gateway.data_to_send()
+    agent.receive_welcome(welcome, now)
+    return gateway, agent
+
+
 def core_session(opener: bool, window: int = 64 * 1024, heartbeat: tuple[float, float] = (5.0, 15.0),
-                 max_streams: int = 64) -> core.Session:
-    """A ready core built from known numbers (what the handshake would agree), its heartbeat counted from now."""
-    return core.Session(opener=opener, local_window=window, peer_window=window, local_max_streams=max_streams,
-                        peer_max_streams=max_streams, heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1],
-                        now=asyncio.get_running_loop().time())
+                 max_streams: int = 64) -> core.Connection:
+    """One side of :func:`core_pair` (the gateway's if ``opener``), its heartbeat counted from now."""
+    gateway, agent = core_pair(window, max_streams, heartbeat=heartbeat, now=asyncio.get_running_loop().time())
+    return gateway if opener else agent
 
 
 def batched(*frames: bytes) -> bytes:

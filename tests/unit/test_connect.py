@@ -10,9 +10,9 @@ import pytest
 
 from raven.errors import RavenError
 from raven.protocol import wire
-from raven.protocol.handshake import HandshakeRefused
+from raven.protocol.errors import HandshakeCode, RemoteProtocolError
 from raven.protocol.state import SessionState
-from raven.refusals import Reason
+from raven.refusals import HandshakeRefused, Reason
 from raven.transport.connect import accept, connect
 from raven.transport.websocket import TransportError, messages
 
@@ -66,13 +66,13 @@ async def test_connect_sends_hello_and_returns_an_open_session_named_after_the_r
 
 async def test_connect_refuses_a_goaway_and_a_closed_connection_with_the_reason() -> None:
     ws = ScriptedWS(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "session cap")))
-    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap") as info:
+    with pytest.raises(RemoteProtocolError, match="gateway refused the session: session cap") as info:
         await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
-    assert info.value.reason is Reason.GATEWAY_REFUSED
+    assert info.value.code is HandshakeCode.GOAWAY
     closed = ScriptedWS(aiohttp.WSMessage(aiohttp.WSMsgType.CLOSE, 1000, None))
-    with pytest.raises(HandshakeRefused, match=r"gateway closed the tunnel during the handshake \(CLOSE\)") as info:
+    with pytest.raises(RemoteProtocolError, match=r"gateway closed the tunnel during the handshake \(CLOSE\)") as info:
         await connect(closed, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
-    assert info.value.reason is Reason.HANDSHAKE_CLOSED
+    assert info.value.code is HandshakeCode.CLOSED
 
 
 async def test_connect_waits_no_longer_than_its_deadline() -> None:
@@ -83,14 +83,14 @@ async def test_connect_waits_no_longer_than_its_deadline() -> None:
 async def test_accept_admits_answers_welcome_and_returns_an_open_session_named_after_the_agent() -> None:
     ws = ScriptedWS(wire.encode(HELLO))
     seen: list[wire.Hello] = []
-    refusals: list[HandshakeRefused] = []
+    refusals: list[tuple[RemoteProtocolError | HandshakeRefused, bool]] = []
 
     def admit(hello: wire.Hello) -> wire.Welcome:
         seen.append(hello)
         return WELCOME
 
-    session, hello = await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS,  # type: ignore[arg-type]
-                                  timeout=5)
+    session, hello = await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+                                  limits=wire.DEFAULT_LIMITS, timeout=5)
     assert seen == [HELLO] and hello == HELLO and not refusals
     assert ws.sent == [wire.encode(WELCOME)]
     assert session.name == "agent-1/01234567" and session.core.opener and session.state is SessionState.OPEN
@@ -100,43 +100,48 @@ async def test_accept_admits_answers_welcome_and_returns_an_open_session_named_a
 
 async def test_accept_tells_a_refusal_answers_goaway_and_raises() -> None:
     ws = ScriptedWS(wire.encode(HELLO))
-    refusals: list[HandshakeRefused] = []
+    refusals: list[tuple[RemoteProtocolError | HandshakeRefused, bool]] = []
 
     def admit(hello: wire.Hello) -> wire.Welcome:
         raise HandshakeRefused(Reason.AGENT_SESSION_CAP, "agent-1 already holds 4 sessions", key="agent-1")
 
     with pytest.raises(HandshakeRefused) as info:
-        await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
-    assert refusals == [info.value] and info.value.answered and info.value.key == "agent-1"
+        await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+                     limits=wire.DEFAULT_LIMITS, timeout=5)
+    assert refusals == [(info.value, True)] and info.value.key == "agent-1"
     assert info.value.label == "agent-session-cap"
     assert ws.sent == [wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "agent-1 already holds 4 sessions"))]
 
 
 async def test_accept_refuses_a_first_message_that_is_not_hello() -> None:
     ws = ScriptedWS(wire.encode(wire.Ping(1)))
-    refusals: list[HandshakeRefused] = []
+    refusals: list[tuple[RemoteProtocolError | HandshakeRefused, bool]] = []
 
     def admit(hello: wire.Hello) -> wire.Welcome:
         raise AssertionError("no HELLO: admit is not asked")
 
-    with pytest.raises(HandshakeRefused):
-        await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
-    assert [r.reason for r in refusals] == [Reason.NO_HELLO] and len(ws.sent) == 1  # the GOAWAY
-    assert ws.sent == [wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, refusals[0].text))]
+    with pytest.raises(RemoteProtocolError):
+        await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+                     limits=wire.DEFAULT_LIMITS, timeout=5)
+    ((err, answered),) = refusals
+    assert isinstance(err, RemoteProtocolError) and err.code is HandshakeCode.NO_HELLO and answered
+    assert ws.sent == [wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, err.text))]  # the GOAWAY
 
 
 @pytest.mark.parametrize("incoming", [None, aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None)])
 async def test_accept_without_a_binary_hello_in_time_says_nothing_and_tells_why(incoming: Any) -> None:
     ws = ScriptedWS(incoming)
-    refusals: list[HandshakeRefused] = []
+    refusals: list[tuple[RemoteProtocolError | HandshakeRefused, bool]] = []
 
     def admit(hello: wire.Hello) -> wire.Welcome:
         raise AssertionError("no HELLO: admit is not asked")
 
-    with pytest.raises(HandshakeRefused):
-        await accept(ws, admit, refusals.append, limits=wire.DEFAULT_LIMITS, timeout=0.05)  # type: ignore[arg-type]
-    assert len(refusals) == 1 and not refusals[0].answered and ws.sent == []
-    assert refusals[0].reason is (Reason.NO_HELLO if incoming is None else Reason.BAD_HELLO)
+    with pytest.raises(RemoteProtocolError):
+        await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+                     limits=wire.DEFAULT_LIMITS, timeout=0.05)
+    ((err, answered),) = refusals
+    assert not answered and ws.sent == [] and isinstance(err, RemoteProtocolError)
+    assert err.code is (HandshakeCode.NO_HELLO if incoming is None else HandshakeCode.BAD_HELLO)
 
 
 async def test_a_broken_websocket_ends_the_session_as_a_lost_connection() -> None:

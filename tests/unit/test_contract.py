@@ -27,9 +27,9 @@ from raven.protocol import (
     terms_of,
     wire,
 )
+from raven.protocol.connection import Connection
 from raven.protocol.events import StreamAborted, StreamOpened
 from raven.protocol.headers import CLIENT_HEADER, COMPRESS_HEADER, DEADLINE_HEADER
-from raven.protocol.session import Session
 
 HTTP = wire.StreamKind.HTTP
 TERMS = OpenFields(2500, "0123456789abcdef", uplink_free=True)
@@ -211,18 +211,18 @@ def test_terms_of_a_version_3_open_are_its_fields_whatever_its_headers_say() -> 
 
 
 def negotiated(agent_speaks: tuple[int, ...], gateway_speaks: tuple[int, ...] = wire.SUPPORTED_VERSIONS,
-               ) -> tuple[Session, Session]:
-    """A gateway and an agent session after a real HELLO/WELCOME exchange (no sockets)."""
-    client = handshake.ClientHandshake(wire.Hello("agent-a-1", "s" * 32, agent_speaks))
-    server = handshake.ServerHandshake(wire.DEFAULT_LIMITS)
-    hello = server.receive_hello(client.data_to_send()[0])
+               ) -> tuple[Connection, Connection]:
+    """A gateway and an agent connection after a real HELLO/WELCOME exchange (no sockets)."""
+    ag = handshake.ClientConnection(wire.Hello("agent-a-1", "s" * 32, agent_speaks))
+    gw = handshake.ServerConnection(wire.DEFAULT_LIMITS)
+    hello = gw.receive_hello(ag.data_to_send()[0])
     version = handshake.choose_version(hello.versions, gateway_speaks)
-    gw = server.accept(wire.Welcome(version, "gw-0", 1, 5.0, 15.0), 0.0)
-    ag, _ = client.receive_welcome(server.data_to_send()[0], 0.0, agent_speaks)
+    gw.accept(wire.Welcome(version, "gw-0", 1, 5.0, 15.0), 0.0)
+    ag.receive_welcome(gw.data_to_send()[0], 0.0, agent_speaks)
     return gw, ag
 
 
-def opened(gw: Session, ag: Session, frame: Open) -> Open:
+def opened(gw: Connection, ag: Connection, frame: Open) -> Open:
     gw.open_stream(frame)
     events = [e for m in gw.data_to_send() for e in ag.receive(m, 0.0)]
     (event,) = [e for e in events if isinstance(e, StreamOpened)]
@@ -251,9 +251,9 @@ def test_a_version_3_agent_ignores_x_raven_headers_from_its_gateway() -> None:
     gw, ag = negotiated((1, 2, 3))
     forged = ((DEADLINE_HEADER, "1"), (CLIENT_HEADER, "someone-else"), (COMPRESS_HEADER, "0"), ("Accept", "*/*"))
     got = opened(gw, ag, http_open(OpenFields(4000, "mine"), forged, sid=0))
-    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, default_timeout=10.0)
+    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, request_timeout=10.0)
     req = check_open(got, "10.0.0.1", policy)
-    assert (req.timeout, req.client, req.uplink_free) == (4.0, "mine", False)
+    assert (req.deadline.budget, req.client, req.uplink_free) == (4.0, "mine", False)
     assert req.headers == (("Accept", "*/*"),)  # no x-raven-* ever reaches the node
 
 
@@ -285,6 +285,6 @@ def test_filter_headers_drops_hop_by_hop_named_ravens_own_and_the_callers() -> N
 
 @pytest.mark.parametrize(("deadline_ms", "timeout"), [(0, 10.0), (1, 0.001), (2500, 2.5), (MAX_DEADLINE_MS, 10.0)])
 def test_the_agent_holds_the_gateways_deadline_within_its_own(deadline_ms: int, timeout: float) -> None:
-    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, default_timeout=10.0)
+    policy = Policy(frozenset({9400}), frozenset({"GET"}), allow_connect=False, request_timeout=10.0)
     req = check_open(http_open(OpenFields(deadline_ms)), "10.0.0.1", policy)
-    assert req.timeout == timeout and req.client == "-"
+    assert req.deadline.budget == timeout and req.client == "-"

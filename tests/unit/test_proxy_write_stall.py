@@ -18,6 +18,7 @@ from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.request import Target
 from raven.config.gateway import GatewayFront
+from raven.deadline import Deadline
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 from raven.transport.guard import ConnectionGuard, GuardLimits
@@ -94,7 +95,7 @@ def exchange(writer: Writer) -> tuple[Exchange, mock.Mock]:
     ex = Exchange(request, time.monotonic())
     ex.target = Target("edge-1", 9400, "/metrics", wire.StreamKind.HTTP)
     ex.node, ex.pool, ex.agent = "edge-1", "pool-a", "agent-1"
-    ex.deadline = time.monotonic() + 30
+    ex.deadline = Deadline.after(30)
     return ex, transport
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from raven.protocol import handshake, wire
+from raven.protocol.connection import Connection
+from raven.protocol.errors import HandshakeCode, LocalProtocolError, RemoteProtocolError
 from raven.protocol.events import (
     DatagramReceived,
     DataReceived,
@@ -16,20 +18,19 @@ from raven.protocol.events import (
     StreamClosed,
     StreamOpened,
 )
-from raven.protocol.session import TRANSITIONS, Half, LocalProtocolError, Session, Step
-from raven.refusals import Reason
+from raven.protocol.stream import TRANSITIONS, Half, Step
+from tests.support.memsession import core_pair
 
 
-def pair(version: int = 2) -> tuple[Session, Session]:
-    common = dict(local_window=65536, peer_window=65536, local_max_streams=8, peer_max_streams=8, version=version)
-    return Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+def pair(version: int = 2) -> tuple[Connection, Connection]:
+    return core_pair(65536, 8, version=version)
 
 
 def op(node: str = "edge-1", fin: bool = True) -> wire.Open:
     return wire.Open(0, wire.StreamKind.HTTP, node, 9400, "GET", "/metrics", (), fin)
 
 
-def relay(src: Session, dst: Session, now: float = 0.0) -> list[object]:
+def relay(src: Connection, dst: Connection, now: float = 0.0) -> list[object]:
     events: list[object] = []
     for message in src.data_to_send():
         events += dst.receive(message, now)
@@ -55,7 +56,7 @@ def test_batches_are_cut_at_the_budget() -> None:
     while ag.send_data(sid, body):
         pass  # until the 64 KiB window is used up
     messages = ag.data_to_send()
-    assert all(len(m) <= Session.BATCH_BUDGET for m in messages)
+    assert all(len(m) <= Connection.BATCH_BUDGET for m in messages)
     got = b"".join(bytes(e.data) for m in messages for e in gw.receive(m, 0.0) if isinstance(e, DataReceived))
     assert len(got) == 65536
 
@@ -91,8 +92,7 @@ def test_the_transition_table_is_the_whole_lifecycle() -> None:
 
 
 def test_heartbeat_is_driven_by_the_clock_it_is_given() -> None:
-    gw, ag = pair()
-    gw.set_heartbeat(1.0, 3.0, now=100.0)
+    gw, ag = core_pair(65536, 8, heartbeat=(1.0, 3.0), now=100.0)  # agreed at 100.0: counted from there
     assert gw.tick(100.5) == [] and gw.data_to_send() == []
     assert gw.tick(101.0) == []
     ping = gw.data_to_send()
@@ -122,14 +122,9 @@ def test_session_error_answers_goaway_and_aborts_every_stream() -> None:
 def test_versions_are_negotiated_to_the_newest_common_one() -> None:
     assert handshake.choose_version([1, 2]) == 2
     assert handshake.choose_version([1]) == 1
-    with pytest.raises(handshake.HandshakeRefused) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         handshake.choose_version([7])
-    assert info.value.reason is Reason.VERSION and "agent speaks [7]" in info.value.text
-    hello = wire.Hello("a", "s", (1,), window=1000, max_streams=5)
-    welcome = wire.Welcome(1, "r", 1, 5.0, 15.0, window=2000, max_streams=9)
-    gw_side, ag_side = handshake.gateway_side(hello, welcome), handshake.agent_side(hello, welcome)
-    assert (gw_side.local_window, gw_side.peer_window, gw_side.peer_max_streams) == (2000, 1000, 5)
-    assert (ag_side.local_window, ag_side.peer_window, ag_side.local_max_streams) == (1000, 2000, 5)
+    assert info.value.code is HandshakeCode.VERSION and "agent speaks [7]" in info.value.text
 
 
 def test_a_mutable_buffer_is_copied_before_the_caller_can_reuse_it() -> None:
@@ -148,7 +143,7 @@ def test_datagrams_go_after_stream_frames_and_are_dropped_not_queued_when_full()
     sent = 0
     while gw.send_datagram(packet):
         sent += 1
-    assert 0 < sent * 1410 <= Session.DATAGRAM_QUEUE and gw.datagrams_dropped == 1
+    assert 0 < sent * 1410 <= Connection.DATAGRAM_QUEUE and gw.datagrams_dropped == 1
     sid = gw.open_stream(op())  # queued after the packets, sent before them
     events = relay(gw, ag)
     assert isinstance(events[0], StreamOpened) and events[0].stream_id == sid
@@ -167,11 +162,10 @@ def test_routes_frames_round_trip_and_hostile_ones_are_refused() -> None:
 
 
 def test_an_agent_bounds_the_heartbeat_a_gateway_asks_for() -> None:
-    hello = wire.Hello("a", "s")
-    welcome = wire.Welcome(2, "r", 1, heartbeat_interval=1e-9, heartbeat_timeout=1e-9)
-    agreed = handshake.agent_side(hello, welcome)
-    assert agreed.heartbeat_interval == handshake.MIN_HEARTBEAT_INTERVAL
-    assert agreed.heartbeat_timeout == 2 * handshake.MIN_HEARTBEAT_INTERVAL
+    gw, ag = core_pair(heartbeat=(1e-9, 1e-9))
+    assert ag.heartbeat_interval == handshake.MIN_HEARTBEAT_INTERVAL
+    assert ag.heartbeat_timeout == 2 * handshake.MIN_HEARTBEAT_INTERVAL
+    assert gw.heartbeat_interval == 1e-9  # the gateway keeps what it chose for itself
 
 
 def test_a_peer_flooding_frames_that_do_nothing_is_cut_off() -> None:
@@ -199,8 +193,7 @@ def test_a_scrape_opened_behind_a_download_backlog_is_answered_first() -> None:
     a scrape opened later gets its head and page out in the next turn, ahead of the backlog, and the download
     and a reset behind a complete answer keep their order."""
     window = 256 * 1024
-    common = dict(local_window=window, peer_window=window, local_max_streams=8, peer_max_streams=8)
-    gw, ag = Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+    gw, ag = core_pair(window, 8)
     download = gw.open_stream(op())
     relay(gw, ag)
     ag.send_head(download, 200, "OK", ())
@@ -232,10 +225,8 @@ def test_a_scrape_opened_behind_a_download_backlog_is_answered_first() -> None:
     assert ag.pending_bytes == 0 and got[download] < 48 * 1024
 
 
-def _big_pair() -> tuple[Session, Session]:
-    window = 256 * 1024
-    common = dict(local_window=window, peer_window=window, local_max_streams=8, peer_max_streams=8)
-    return Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+def _big_pair() -> tuple[Connection, Connection]:
+    return core_pair(256 * 1024, 8)
 
 
 def test_goaway_leaves_at_close_without_waiting_for_aborted_streams_data() -> None:

@@ -15,8 +15,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from raven.protocol import wire
+from raven.protocol.connection import Connection
+from raven.protocol.errors import LocalProtocolError
 from raven.protocol.events import DataReceived, HeadReceived, SessionEnded, StreamClosed, StreamOpened
-from raven.protocol.session import Half, LocalProtocolError, Session, StreamReset
+from raven.protocol.stream import Half, StreamReset
+from tests.support.memsession import core_pair
 
 WINDOW = 4096
 MAX_STREAMS = 8
@@ -25,10 +28,8 @@ MAX_STREAMS = 8
 class Side:
     """One end: its core, what it has buffered per stream, and every close it has seen."""
 
-    def __init__(self, opener: bool, version: int) -> None:
-        self.core = Session(opener=opener, local_window=WINDOW, peer_window=WINDOW, local_max_streams=MAX_STREAMS,
-                            peer_max_streams=MAX_STREAMS, version=version, heartbeat_interval=1.0,
-                            heartbeat_timeout=3.0, limits=wire.Limits(max_data=1500))
+    def __init__(self, core: Connection) -> None:
+        self.core = core
         self.buffered: dict[int, int] = collections.defaultdict(int)
         self.closes: collections.Counter[int] = collections.Counter()
         self.seen: set[int] = set()  # every stream this side has had in its table
@@ -66,8 +67,9 @@ class TwoSessions(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.version = 2
-        self.gw = Side(True, self.version)
-        self.ag = Side(False, self.version)
+        gw, ag = core_pair(WINDOW, MAX_STREAMS, version=self.version, heartbeat=(1.0, 3.0),
+                           limits=wire.Limits(max_data=1500))
+        self.gw, self.ag = Side(gw), Side(ag)
         self.wire: dict[bool, collections.deque[bytes]] = {True: collections.deque(), False: collections.deque()}
         self.now = 0.0
         self.budget: int | None = None  # what the link takes per flush (None: everything queued)
@@ -212,8 +214,7 @@ TestTwoSessions = TwoSessions.TestCase
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.binary(max_size=80), max_size=6), st.booleans(), st.integers(1, 2))
 def test_hostile_messages_never_raise(messages: list[bytes], opener: bool, version: int) -> None:
-    s = Session(opener=opener, local_window=WINDOW, peer_window=WINDOW, local_max_streams=4, peer_max_streams=4,
-                version=version)
+    s = core_pair(WINDOW, 4, version=version)[0 if opener else 1]
     for m in messages:
         s.receive(m, 0.0)  # anything but a crash: the protocol's answer is in the output
     assert isinstance(s.data_to_send(), list)
@@ -224,7 +225,7 @@ def test_hostile_messages_never_raise(messages: list[bytes], opener: bool, versi
                           st.integers(0, 9), st.binary(max_size=40)), max_size=12))
 def test_hostile_frames_with_valid_framing_never_raise(frames: list[tuple[str, int, bytes]]) -> None:
     """Well-framed but hostile frames (unknown streams, wrong order, bogus windows) on a live acceptor."""
-    s = Session(opener=False, local_window=WINDOW, peer_window=WINDOW, local_max_streams=4, peer_max_streams=4)
+    s = core_pair(WINDOW, 4)[1]
     encoded = []
     for kind, sid, payload in frames:
         if kind == "data":

@@ -8,10 +8,11 @@ import itertools
 import pytest
 
 from raven.protocol import wire
+from raven.protocol.connection import Connection
 from raven.protocol.control import ControlDispatcher
+from raven.protocol.errors import HandshakeCode, LocalProtocolError, RemoteProtocolError
 from raven.protocol.events import EndCause, SessionEnded
-from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
-from raven.protocol.session import LocalProtocolError, Session
+from raven.protocol.handshake import ClientConnection, ServerConnection
 from raven.protocol.state import (
     LIVE,
     OVER,
@@ -21,7 +22,7 @@ from raven.protocol.state import (
     SessionStateError,
     next_state,
 )
-from raven.refusals import Reason
+from tests.support.memsession import core_pair
 
 S, E = SessionState, SessionEvent
 
@@ -65,12 +66,11 @@ def test_closed_is_final_and_nothing_returns_to_the_handshake() -> None:
     assert LIVE.isdisjoint(OVER)
 
 
-def _core(opener: bool) -> Session:
-    return Session(opener=opener, local_window=1024, peer_window=1024, local_max_streams=4, peer_max_streams=4,
-                   version=1)
+def _core(opener: bool) -> Connection:
+    return core_pair(1024, 4, version=1)[0 if opener else 1]
 
 
-def state(machine: Session | ClientHandshake | ServerHandshake) -> SessionState:
+def state(machine: Connection) -> SessionState:
     """Read afresh (a call, so that a type checker does not keep an earlier comparison's narrowing)."""
     return machine.state
 
@@ -98,50 +98,97 @@ def test_a_local_abort_ends_the_protocol_and_aborts_streams_without_goaway() -> 
     assert gw.data_to_send() == [] and gw.abort("again") == []
 
 
-def test_handshake_agent_and_gateway_agree_and_hand_over_open_sessions() -> None:
-    client = ClientHandshake(wire.Hello("agent-1", "s1", window=4096, max_streams=8))
-    server = ServerHandshake(wire.DEFAULT_LIMITS)
+def test_handshake_agent_and_gateway_agree_on_one_connection_each() -> None:
+    client = ClientConnection(wire.Hello("agent-1", "s1", window=4096, max_streams=8))
+    server = ServerConnection(wire.DEFAULT_LIMITS)
     assert client.state is S.HANDSHAKE and server.state is S.HANDSHAKE
+    assert not client.usable and not server.usable and not client.closed
     (hello_message,) = client.data_to_send()
     hello = server.receive_hello(hello_message)
     assert hello.agent == "agent-1"
     welcome = wire.Welcome(2, "gw-0", 1, heartbeat_interval=1.0, heartbeat_timeout=3.0, window=2048, max_streams=4)
-    gw = server.accept(welcome, now=10.0)
+    server.accept(welcome, now=10.0)
     (welcome_message,) = server.data_to_send()
     assert welcome_message == wire.encode(welcome)  # the wire is the frame itself, as before
-    ag, got = client.receive_welcome(welcome_message, now=10.0)
+    got = client.receive_welcome(welcome_message, now=10.0)
     assert got == welcome and state(server) is S.OPEN and state(client) is S.OPEN
-    assert gw.state is S.OPEN and ag.state is S.OPEN and gw.opener and not ag.opener
-    assert (gw.local_window, gw.peer_window, gw.peer_max_streams) == (2048, 4096, 4)
-    assert (ag.local_window, ag.peer_window, ag.local_max_streams) == (4096, 2048, 8)
-    assert gw.batched and ag.batched and gw.next_deadline() == 11.0
+    assert (server.local_window, server.peer_window, server.peer_max_streams) == (2048, 4096, 4)
+    assert (client.local_window, client.peer_window, client.local_max_streams) == (4096, 2048, 8)
+    assert server.batched and client.batched and server.next_deadline() == 11.0
     with pytest.raises(LocalProtocolError):
         server.accept(welcome, now=11.0)  # the handshake is over
+    with pytest.raises(LocalProtocolError):
+        server.fail("late")  # OPEN: a handshake failure is no longer a move it has
 
 
 def test_a_refused_handshake_answers_goaway_and_ends() -> None:
-    server = ServerHandshake(wire.DEFAULT_LIMITS)
+    server = ServerConnection(wire.DEFAULT_LIMITS)
     server.receive_hello(wire.encode(wire.Hello("agent-1", "s1")))
-    err = server.refuse(HandshakeRefused(Reason.SESSION_CAP, "session cap"))
-    assert state(server) is S.ENDED and err.label == "session-cap"
+    server.refuse("session cap")
+    assert state(server) is S.ENDED and server.ended_from is S.HANDSHAKE and server.close_reason == "session cap"
     (goaway,) = server.data_to_send()
     assert goaway == wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "session cap"))
-    client = ClientHandshake(wire.Hello("agent-1", "s1"))
-    with pytest.raises(HandshakeRefused, match="gateway refused the session: session cap") as info:
+    client = ClientConnection(wire.Hello("agent-1", "s1"))
+    with pytest.raises(RemoteProtocolError, match="gateway refused the session: session cap") as info:
         client.receive_welcome(goaway, now=0.0)
-    assert info.value.reason is Reason.GATEWAY_REFUSED
+    assert info.value.code is HandshakeCode.GOAWAY
     assert state(client) is S.ENDED
-    with pytest.raises(SessionStateError):
-        client.fail(HandshakeRefused(Reason.HANDSHAKE_CLOSED, "closed"))  # ENDED already: no second end
+    with pytest.raises(LocalProtocolError):
+        client.fail("closed")  # ENDED already: no second end
+    assert client.close() == [] and state(client) is S.CLOSED
 
 
 def test_a_first_message_that_is_not_hello_is_refused() -> None:
-    server = ServerHandshake(wire.DEFAULT_LIMITS)
-    with pytest.raises(HandshakeRefused) as info:
+    server = ServerConnection(wire.DEFAULT_LIMITS)
+    with pytest.raises(RemoteProtocolError) as info:
         server.receive_hello(wire.encode(wire.Ping(1)))
-    assert info.value.reason is Reason.NO_HELLO and info.value.label == "no-hello"
+    assert info.value.code is HandshakeCode.NO_HELLO
     with pytest.raises(LocalProtocolError):
-        ServerHandshake(wire.DEFAULT_LIMITS).accept(wire.Welcome(2, "gw", 1, 1.0, 3.0), now=0.0)  # no HELLO yet
+        ServerConnection(wire.DEFAULT_LIMITS).accept(wire.Welcome(2, "gw", 1, 1.0, 3.0), now=0.0)  # no HELLO yet
+
+
+HELLO = wire.encode(wire.Hello("agent-1", "s1", (1,)))
+
+
+def _in(at: SessionState) -> ServerConnection:
+    """A gateway connection brought to ``at`` by what really moves one."""
+    conn = ServerConnection(wire.DEFAULT_LIMITS)
+    if at is S.HANDSHAKE:
+        return conn
+    conn.receive_hello(HELLO)
+    conn.accept(wire.Welcome(1, "gw-0", 1, 5.0, 15.0), 0.0)
+    conn.data_to_send()
+    if at is S.DRAINING:
+        conn.receive(wire.encode(wire.Drain("stopping")), 0.0)
+    elif at is S.ENDED:
+        conn.abort("peer not reading")
+    assert conn.state is at
+    return conn
+
+
+def _take(conn: ServerConnection, event: SessionEvent) -> None:
+    """``event`` as the connection's own methods and messages cause it."""
+    if event is E.AGREED:
+        conn.receive_hello(HELLO)
+        conn.accept(wire.Welcome(1, "gw-0", 1, 5.0, 15.0), 0.0)
+    elif event is E.PEER_DRAIN:
+        conn.receive(wire.encode(wire.Drain("stopping")), 0.0)
+    elif event is E.END:
+        if conn.state is S.HANDSHAKE:
+            conn.refuse("session cap")
+        else:
+            conn.receive(wire.encode(wire.GoAway(0, "bye")), 0.0)
+    else:
+        conn.close()
+
+
+@pytest.mark.parametrize(("at", "event", "after"), LEGAL)
+def test_every_row_of_the_table_is_taken_by_the_connection(at: SessionState, event: SessionEvent,
+                                                           after: SessionState) -> None:
+    """No row is there for the picture only: the one connection object takes each through its own methods."""
+    conn = _in(at)
+    _take(conn, event)
+    assert conn.state is after
 
 
 def test_the_control_dispatcher_routes_by_type_and_tells_the_rest_to_unexpected() -> None:

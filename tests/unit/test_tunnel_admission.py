@@ -12,8 +12,8 @@ from gateway.tunnel import Claim, TunnelEndpoint
 from raven.config import GatewayConfig
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
-from raven.protocol.handshake import HandshakeRefused
-from raven.refusals import Reason, Where
+from raven.protocol.errors import HandshakeCode, RemoteProtocolError
+from raven.refusals import HandshakeRefused, Reason, Where
 
 CLAIM = Claim("agent-1", "agent-1", frozenset({"pool-a"}), ())
 
@@ -34,7 +34,7 @@ def hello(agent: str = "agent-1", versions: tuple[int, ...] = wire.SUPPORTED_VER
 def refused(tunnel: TunnelEndpoint, h: wire.Hello) -> HandshakeRefused:
     with pytest.raises(HandshakeRefused) as info:
         tunnel._admit(CLAIM, "192.0.2.1", h)
-    assert info.value.reason.where is Where.HANDSHAKE and info.value.answered
+    assert info.value.reason.where is Where.HANDSHAKE
     return info.value
 
 
@@ -74,10 +74,13 @@ def test_session_caps_are_refused_with_their_codes(tmp_path: Path) -> None:
 def test_the_counter_is_labelled_by_the_code(tmp_path: Path) -> None:
     tunnel = endpoint(tmp_path)
     # Text that reads like another label: counted under the reason's label all the same.
-    tunnel._refused(CLAIM, "192.0.2.1", HandshakeRefused(Reason.SESSION_RATE, "session-cap: words"))
+    tunnel._refused(CLAIM, "192.0.2.1", HandshakeRefused(Reason.SESSION_RATE, "session-cap: words"), True)
     assert (failures(tunnel, "session-rate"), failures(tunnel, "session-cap")) == (1.0, 0.0)
+    # The core's codes are counted under the gateway's labels for them (the mapping lives with the service).
+    tunnel._refused(CLAIM, "192.0.2.1", RemoteProtocolError(HandshakeCode.BAD_HELLO, "version: words"), True)
+    assert (failures(tunnel, "bad-hello"), failures(tunnel, "version")) == (1.0, 0.0)
     # A HELLO that never came is logged, not counted.
-    tunnel._refused(CLAIM, "192.0.2.1", HandshakeRefused(Reason.NO_HELLO, "no HELLO within 10s", answered=False))
+    tunnel._refused(CLAIM, "192.0.2.1", RemoteProtocolError(HandshakeCode.NO_HELLO, "no HELLO within 10s"), False)
     assert failures(tunnel, "no-hello") == 0.0
 
 

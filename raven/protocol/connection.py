@@ -1,9 +1,12 @@
-"""The tunnel session as a sans-I/O state machine: messages in, events out, ``data_to_send()`` out.
+"""One tunnel connection as a sans-I/O state machine, from HELLO to CLOSED: messages in, events out,
+``data_to_send()`` out.
 
 No asyncio, no sockets, no clock of its own: the caller passes ``now`` (seconds, any monotonic origin) to
-:meth:`Session.receive` and :meth:`Session.tick`. One object holds the stream table, stream ids, per-stream
-flow-control accounting, the heartbeat deadlines and the outgoing frames; raven/transport/ runs it over a
-WebSocket, and tests drive two of them against each other in memory.
+:meth:`Connection.receive` and :meth:`Connection.tick`. One object lives through every state of
+raven/protocol/state.py's table: born in HANDSHAKE (raven/protocol/handshake.py's :class:`ClientConnection` and
+:class:`ServerConnection` add each side's half of HELLO/WELCOME), OPEN on the numbers both sides agreed, then
+DRAINING, ENDED, CLOSED. It holds the stream table, stream ids, per-stream flow accounts, the heartbeat deadlines
+and the outgoing frames; raven/transport/ runs it over a WebSocket, tests drive two of them in memory.
 
 One stream's halves, transition table and flow accounts are in raven/protocol/stream.py; here they are kept in
 a table, moved by frames in and calls out, and leave it when both halves are DONE or reset (ids are never reused).
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from raven.protocol import terms, wire
+from raven.protocol.errors import LocalProtocolError
 from raven.protocol.events import (
     ControlReceived,
     CreditReceived,
@@ -32,32 +36,22 @@ from raven.protocol.events import (
 from raven.protocol.flow import VoidAllowance
 from raven.protocol.outbox import Outbox
 from raven.protocol.state import LIVE, OVER, SessionEvent, SessionState, next_state
-from raven.protocol.stream import (  # re-exported: the core's public names
-    TRANSITIONS,
-    Half,
-    LocalProtocolError,
-    Step,
-    StreamReset,
-    StreamState,
-    code_name,
-)
-
-__all__ = ["TRANSITIONS", "Half", "LocalProtocolError", "Session", "SessionState", "Step", "StreamReset",
-           "StreamState", "code_name"]
+from raven.protocol.stream import Half, Step, StreamReset, StreamState
 
 
-class Session:
-    """One tunnel session's protocol state. ``opener``: the gateway's side (opens streams, odd ids).
+class Connection:
+    """One tunnel connection's protocol state. ``opener``: the gateway's side (opens streams, odd ids).
 
-    It is built OPEN from the handshake's numbers (raven/protocol/handshake.py); its life is a
-    :class:`SessionState` moved only through raven/protocol/state.py's table.
+    It is born in HANDSHAKE; each side's handshake (raven/protocol/handshake.py) moves it to OPEN with the numbers
+    both sides agreed (:meth:`_agree`) or ends it. Its life is a :class:`SessionState` moved only through
+    raven/protocol/state.py's table.
     """
 
     __slots__ = (
-        "_events", "_last_peer_id", "_next_id", "_next_ping", "_ping_sent", "_ping_seq", "_voids", "batched",
-        "close_code", "close_reason", "datagrams_dropped", "ended_from", "heartbeat_interval", "heartbeat_timeout",
-        "last_rx", "limits", "local_max_streams", "local_window", "opener", "out", "peer_max_streams", "peer_window",
-        "rtt", "state", "streams", "version"
+        "_events", "_greeting", "_last_peer_id", "_next_id", "_next_ping", "_ping_sent", "_ping_seq", "_voids",
+        "batched", "close_code", "close_reason", "datagrams_dropped", "ended_from", "heartbeat_interval",
+        "heartbeat_timeout", "hello", "last_rx", "limits", "local_max_streams", "local_window", "opener", "out",
+        "peer_max_streams", "peer_window", "rtt", "state", "streams", "version"
     )
 
     BATCH_BUDGET, DATAGRAM_QUEUE = Outbox.BATCH_BUDGET, Outbox.DATAGRAM_QUEUE
@@ -66,46 +60,57 @@ class Session:
     VOID_RATE: Final = 1000.0
     VOID_BURST: Final = 10000.0
 
-    def __init__(
-        self,
-        *,
-        opener: bool,
-        local_window: int,
-        peer_window: int,
-        local_max_streams: int,
-        peer_max_streams: int,
-        limits: wire.Limits = wire.DEFAULT_LIMITS,
-        version: int = wire.PROTOCOL_VERSION,
-        heartbeat_interval: float = 5.0,
-        heartbeat_timeout: float = 15.0,
-        now: float = 0.0,
-    ) -> None:
+    def __init__(self, *, opener: bool, limits: wire.Limits = wire.DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.opener = opener
-        self.local_window = local_window
-        self.peer_window = peer_window
-        self.local_max_streams = local_max_streams
-        self.peer_max_streams = peer_max_streams
         self.limits = limits
-        self.version = version
-        self.batched = version >= wire.BATCHED_FROM
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_timeout = heartbeat_timeout
+        self.hello: wire.Hello | None = None  # the agent's HELLO (sent, or received)
+        self._greeting: list[bytes] = []  # the handshake's messages: one frame each, never batched
+        # What the handshake agrees (:meth:`_agree`); nothing flows before it.
+        self.version = 0
+        self.batched = False
+        self.local_window = self.peer_window = 0
+        self.local_max_streams = self.peer_max_streams = 0
+        self.heartbeat_interval = self.heartbeat_timeout = 0.0
         self.streams: dict[int, StreamState] = {}
         self._next_id = 1 if opener else 2
         self._last_peer_id = 0
-        self.out = Outbox(self.batched)
+        self.out = Outbox(False)
         self.datagrams_dropped = 0
         self._events: list[Event] = []
-        self.state = SessionState.OPEN
-        self.ended_from: SessionState | None = None  # the state the protocol ended in (OPEN or DRAINING)
+        self.state = SessionState.HANDSHAKE
+        self.ended_from: SessionState | None = None  # the state the protocol ended in (HANDSHAKE, OPEN, DRAINING)
         self.close_reason = ""
         self.close_code = 0
         self.last_rx = now
         self.rtt: float | None = None
         self._ping_seq = 0
         self._ping_sent: tuple[int, float] | None = None
+        self._next_ping = now
+        self._voids = VoidAllowance(self.VOID_RATE, self.VOID_BURST, now)
+
+    # ------------------------------------------------------------ the handshake's end (each side's half: handshake.py)
+
+    def _agree(self, *, version: int, local_window: int, peer_window: int, local_max_streams: int,
+               peer_max_streams: int, heartbeat_interval: float, heartbeat_timeout: float, now: float) -> None:
+        """HANDSHAKE -> OPEN on the numbers both sides agreed, the heartbeat counted from ``now``."""
+        self._set(SessionEvent.AGREED)
+        self.version = version
+        self.batched = version >= wire.BATCHED_FROM
+        self.out = Outbox(self.batched)
+        self.local_window, self.peer_window = local_window, peer_window
+        self.local_max_streams, self.peer_max_streams = local_max_streams, peer_max_streams
+        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, heartbeat_timeout
+        self.last_rx = now
         self._next_ping = now + heartbeat_interval
         self._voids = VoidAllowance(self.VOID_RATE, self.VOID_BURST, now)
+
+    def fail(self, reason: str) -> None:
+        """The handshake ended without a connection (refused, or broken, ``reason`` says how): HANDSHAKE -> ENDED."""
+        if self.state is not SessionState.HANDSHAKE:
+            raise LocalProtocolError(f"no handshake to fail: the connection is {self.state.value}")
+        self.ended_from = self.state
+        self._set(SessionEvent.END)
+        self.close_reason = reason
 
     # ------------------------------------------------------------ the state
 
@@ -126,13 +131,6 @@ class Session:
     def usable(self) -> bool:
         """A new stream may be opened here: live, the peer not draining, ids left."""
         return self.state is SessionState.OPEN and self._next_id <= wire.MAX_STREAM_ID
-
-    def set_heartbeat(self, interval: float, timeout: float, now: float) -> None:
-        """The heartbeat agreed in the handshake, counted from ``now``."""
-        self.heartbeat_interval = interval
-        self.heartbeat_timeout = timeout
-        self.last_rx = now
-        self._next_ping = now + interval
 
     # ------------------------------------------------------------ queries
 
@@ -159,8 +157,12 @@ class Session:
         return self.out.pending_bytes
 
     def data_to_send(self, budget: int | None = None) -> list[bytes]:
-        """What leaves now as WebSocket messages (one per frame in version 1, batched from version 2): every
-        control frame, then streams' data in the outbox's order of service up to ``budget`` bytes (None: all)."""
+        """What leaves now as WebSocket messages: the handshake's (one frame each), then (one per frame in version
+        1, batched from version 2) every control frame, then streams' data in the outbox's order of service up to
+        ``budget`` bytes (None: all)."""
+        if self._greeting:
+            greeting, self._greeting = self._greeting, []
+            return greeting + self.out.take(budget)
         return self.out.take(budget)
 
     # ------------------------------------------------------------ local actions
@@ -264,11 +266,14 @@ class Session:
             self.out.frame(frame)
 
     def close(self, code: int = 0, reason: str = "closed") -> list[Event]:
-        """Close (GOAWAY when ``code`` and not yet over); streams still open are aborted, their events returned."""
+        """Close (GOAWAY when ``code`` and live); streams still open are aborted, their events returned. During the
+        handshake (the local side gives up on it) nothing is sent."""
         if self.state is SessionState.CLOSED:
             return []
-        if self.state is not SessionState.ENDED:
+        if self.state in LIVE:
             self._end(reason, code, EndCause.CLOSED, goaway=bool(code))
+        elif self.state is SessionState.HANDSHAKE:
+            self.ended_from, self.close_reason = self.state, reason
         self._set(SessionEvent.CLOSE)
         events, self._events = self._events, []
         return events
@@ -312,6 +317,8 @@ class Session:
     def receive(self, message: bytes | bytearray | memoryview, now: float) -> list[Event]:
         """Handle one received WebSocket message. Never raises for bad input: it becomes RESET or GOAWAY."""
         if self.state not in LIVE:
+            if self.state is SessionState.HANDSHAKE:
+                raise LocalProtocolError("the handshake is not over: its messages go to the handshake's methods")
             return []
         self.last_rx = now
         events = self._events = []
@@ -327,7 +334,7 @@ class Session:
         for raw in frames:
             try:
                 frame = wire.decode(raw, self.limits)
-                _RECEIVED.get(type(frame), Session._on_control)(self, frame)
+                _RECEIVED.get(type(frame), Connection._on_control)(self, frame)
             except wire.ProtocolError as err:
                 self._on_error(err)
             if self.closed:
@@ -483,9 +490,9 @@ class Session:
 
 # A received frame's handler by its type (wire.decode returns exactly these classes); any other type is a
 # control frame for the service.
-_RECEIVED: Final[dict[type[Any], Callable[[Session, Any], None]]] = {
-    wire.Data: Session._on_data, wire.Window: Session._on_window, wire.Head: Session._on_head,
-    wire.End: Session._on_end, wire.Reset: Session._on_reset, wire.Open: Session._on_open,
-    wire.Datagram: Session._on_datagram, wire.Ping: Session._on_ping, wire.Pong: Session._on_pong,
-    wire.GoAway: Session._on_goaway, wire.Drain: Session._on_drain,
+_RECEIVED: Final[dict[type[Any], Callable[[Connection, Any], None]]] = {
+    wire.Data: Connection._on_data, wire.Window: Connection._on_window, wire.Head: Connection._on_head,
+    wire.End: Connection._on_end, wire.Reset: Connection._on_reset, wire.Open: Connection._on_open,
+    wire.Datagram: Connection._on_datagram, wire.Ping: Connection._on_ping, wire.Pong: Connection._on_pong,
+    wire.GoAway: Connection._on_goaway, wire.Drain: Connection._on_drain,
 }
