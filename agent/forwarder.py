@@ -36,7 +36,7 @@ from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import filter_headers, wire
 from raven.refusals import Reason, Refusal
-from raven.transport.session import Stream, StreamReset
+from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.agent.forwarder")
 

@@ -37,8 +37,8 @@ from raven.protocol import wire
 from raven.protocol.handshake import HandshakeRefused
 from raven.refusals import Reason
 from raven.transport.connect import connect
-from raven.transport.session import Session
 from raven.transport.tls import CertReloader, expiries
+from raven.transport.tunnel import Tunnel
 from raven.transport.websocket import messages
 
 if TYPE_CHECKING:
@@ -85,8 +85,8 @@ class Agent:
             cfg.tls, server=False,
             on_loaded=lambda tls: set_cert_expiry(self.metrics.cert_expiry, expiries(tls, "agent")),
         )
-        self.sessions: set[Session] = set()
-        self.replica_sessions: dict[str, Session] = {}
+        self.sessions: set[Tunnel] = set()
+        self.replica_sessions: dict[str, Tunnel] = {}
         self.dialler = Dialler(cfg.gateway, self._connect_once, self.metrics, lambda: len(self.replica_sessions),
                                self._log)
         self.draining = False
@@ -250,7 +250,7 @@ class Agent:
         finally:
             await ws.close()
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Session, hello: wire.Hello,
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Tunnel, hello: wire.Hello,
                      welcome: wire.Welcome) -> None:
         session.on_open = self.forwarder.on_open
         self.control.attach(session, welcome.replica)

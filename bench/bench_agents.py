@@ -40,8 +40,8 @@ from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, Proc
 from raven.protocol import handshake, wire
 from raven.transport.connect import connect
-from raven.transport.session import Stream
 from raven.transport.tls import client_context
+from raven.transport.tunnel import Stream
 from raven.transport.websocket import messages
 
 

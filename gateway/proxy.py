@@ -49,7 +49,7 @@ from raven.protocol import (
 )
 from raven.refusals import Reason, Refusal, reset_reason
 from raven.transport.listener import ConnectionGuard
-from raven.transport.session import Stream, StreamReset
+from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 

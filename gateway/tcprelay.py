@@ -15,7 +15,7 @@ from aiohttp import web
 
 from raven.aio import cancel_and_wait
 from raven.transport.guard import ConnectionGuard
-from raven.transport.session import Stream, StreamReset
+from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 

@@ -26,7 +26,7 @@ from raven.protocol.control import ControlDispatcher
 from raven.protocol.handshake import HandshakeRefused
 from raven.refusals import Reason, Refusal
 from raven.transport.connect import accept
-from raven.transport.session import Stream
+from raven.transport.tunnel import Stream
 from raven.transport.websocket import messages
 
 log = logging.getLogger("raven.gateway.tunnel")

@@ -17,7 +17,7 @@ _COMPONENTS = (
      "WebSocket frames and TLS (uvloop's SSL layer counted here)"),
     (("aiohttp/", "yarl/", "multidict/", "propcache/"), "aiohttp's HTTP server"),
     (("raven/protocol",), "tunnel protocol core"),
-    (("raven/transport/session", "raven/transport/stream"), "session and streams (asyncio layer)"),
+    (("raven/transport/tunnel", "raven/transport/stream"), "session and streams (asyncio layer)"),
     (("raven/transport/guard",), "connection guard"),
     (("gateway/", "agent/"), "the service's own request logic"),
     (("prometheus_client",), "prometheus-client"),

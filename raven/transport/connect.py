@@ -1,6 +1,6 @@
 """Both ends of the tunnel's handshake over a WebSocket, for both services: :func:`connect` (the agent) and
 :func:`accept` (the gateway). Each drives the sans-I/O handshake (raven/protocol/handshake.py) and returns a
-ready :class:`raven.transport.session.Session`, not yet running: the caller attaches its handlers, then awaits
+ready :class:`raven.transport.tunnel.Tunnel`, not yet running: the caller attaches its handlers, then awaits
 ``session.run(messages(ws))``. Every wait has the handshake's deadline.
 """
 
@@ -16,14 +16,14 @@ from aiohttp import web
 from raven.protocol import wire
 from raven.protocol.handshake import ClientHandshake, HandshakeRefused, ServerHandshake
 from raven.refusals import Reason
-from raven.transport.session import Session
+from raven.transport.tunnel import Tunnel
 from raven.transport.websocket import WebSocketSink
 
 GOAWAY_SEND_TIMEOUT = 2.0  # seconds: a refusal's GOAWAY is sent best effort
 
 
 async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, limits: wire.Limits,
-                  timeout: float) -> tuple[Session, wire.Welcome]:
+                  timeout: float) -> tuple[Tunnel, wire.Welcome]:
     """The agent's side: send HELLO, read WELCOME within ``timeout``; the session is named after the replica.
 
     Raises :class:`HandshakeRefused` (a GOAWAY, a bad answer, the connection closed) or ``TimeoutError``.
@@ -38,12 +38,12 @@ async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, lim
                                        f"gateway closed the tunnel during the handshake ({msg.type.name})"))
     session_core, welcome = hs.receive_welcome(msg.data, asyncio.get_running_loop().time())
     sock = ws.get_extra_info("socket")  # the tunnel's TCP socket: paced (raven/transport/pacer.py)
-    return Session(WebSocketSink(ws), session_core, name=f"gw:{welcome.replica}", sock=sock), welcome
+    return Tunnel(WebSocketSink(ws), session_core, name=f"gw:{welcome.replica}", sock=sock), welcome
 
 
 async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.Welcome],
                  refused: Callable[[HandshakeRefused], None], *, limits: wire.Limits,
-                 timeout: float) -> tuple[Session, wire.Hello]:
+                 timeout: float) -> tuple[Tunnel, wire.Hello]:
     """The gateway's side: read HELLO within ``timeout``, ask ``admit`` (the gateway's policy: it returns the
     WELCOME or raises :class:`HandshakeRefused`), answer WELCOME; the session is named after the agent.
 
@@ -76,5 +76,5 @@ async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.W
     session_core = hs.accept(welcome, asyncio.get_running_loop().time())
     for message in hs.data_to_send():
         await ws.send_bytes(message)
-    return Session(WebSocketSink(ws), session_core, name=f"{hello.agent}/{hello.session[:8]}",
+    return Tunnel(WebSocketSink(ws), session_core, name=f"{hello.agent}/{hello.session[:8]}",
                    sock=ws.get_extra_info("socket")), hello
