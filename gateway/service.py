@@ -28,18 +28,18 @@ from raven import logsafe, pki, version
 from raven.config import GatewayConfig, split_host_port
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
-from raven.ops import gcpause
-from raven.ops.fdlimit import check_descriptors
-from raven.ops.metrics import GatewayMetrics, set_cert_expiry
-from raven.ops.server import start_ops_server
-from raven.transport import httperrors
-from raven.transport.listener import (
+from raven.http import parsererrors
+from raven.http.listener import (
     ConnectionGuard,
     GuardedSite,
     GuardLimits,
     descriptor_budget,
     guarded_handler,
 )
+from raven.ops import gcpause
+from raven.ops.fdlimit import check_descriptors
+from raven.ops.metrics import GatewayMetrics, set_cert_expiry
+from raven.ops.server import start_ops_server
 from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
@@ -353,7 +353,7 @@ class Gateway:
 
         front = web.Server(
             guarded_handler(self.front_guard, self._front_handle),
-            logger=httperrors.install("raven.gateway.http"),
+            logger=parsererrors.install("raven.gateway.http"),
             max_line_size=self.cfg.front.max_header_bytes,
             max_field_size=self.cfg.front.max_header_bytes,
             handler_cancellation=True,

@@ -14,7 +14,7 @@ import logging
 from aiohttp import web
 
 from raven.aio import cancel_and_wait
-from raven.transport.guard import ConnectionGuard
+from raven.http.guard import ConnectionGuard
 from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")

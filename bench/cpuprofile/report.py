@@ -18,7 +18,7 @@ _COMPONENTS = (
     (("aiohttp/", "yarl/", "multidict/", "propcache/"), "aiohttp's HTTP server"),
     (("raven/protocol",), "tunnel protocol core"),
     (("raven/transport/tunnel", "raven/transport/stream"), "session and streams (asyncio layer)"),
-    (("raven/transport/guard",), "connection guard"),
+    (("raven/http/guard",), "connection guard"),
     (("gateway/", "agent/"), "the service's own request logic"),
     (("prometheus_client",), "prometheus-client"),
     (("asyncio/", "_weakrefset", "contextvars"), "asyncio"),

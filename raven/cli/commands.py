@@ -19,8 +19,8 @@ from raven.cli import certs, install
 from raven.cli import check as check_cmd
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
+from raven.http import parsererrors
 from raven.layer3 import noderoutes
-from raven.transport import httperrors
 
 log = logging.getLogger("raven")
 
@@ -38,7 +38,7 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
     )
     logsafe.install()  # every line redacted, escaped and bounded, whoever wrote it and whatever a peer sent
-    httperrors.install()  # aiohttp's lines about malformed requests: one short line per client and minute
+    parsererrors.install()  # aiohttp's lines about malformed requests: one short line per client and minute
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

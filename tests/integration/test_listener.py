@@ -20,8 +20,8 @@ from aiohttp import web
 from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import free_port
-from raven.transport import listener
-from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
+from raven.http import listener
+from raven.http.listener import ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
 from raven.transport.tls import client_context, server_context
 
 CLIENTS = 24

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from raven.demo.launch import free_port
-from raven.transport.listener import GROWTH_STEP, ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
+from raven.http.listener import GROWTH_STEP, ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 

@@ -3,7 +3,7 @@
 aiohttp's server has one timer, the keep-alive timeout, and no cap on connections. A client that opens a few
 thousand connections and sends half a request head (or nothing) holds them until that timer fires, and when the
 process runs out of descriptors every listener fails. A :class:`ConnectionGuard` wraps each connection's
-protocol (raven/transport/listener.py's :class:`~raven.transport.listener.GuardedSite` installs it) and keeps
+protocol (raven/http/listener.py's :class:`~raven.http.listener.GuardedSite` installs it) and keeps
 the accounts:
 
 - a connection is *unproven* from its accept until the handler vouches for it (:meth:`ConnectionGuard.vouch`:
@@ -16,13 +16,13 @@ the accounts:
 - a connection admitted while ``max_connections`` are held is *over the cap*: it stays within the unproven
   caps and its first request is answered ``503`` (naming the node, so that the refusal shows per node) and the
   connection closed; a listener with ``evict_grace`` (the ops listeners, whose handler never vouches) instead
-  closes a waiting connection of the client holding the most to admit it (raven/transport/eviction.py);
+  closes a waiting connection of the client holding the most to admit it (raven/http/eviction.py);
 - a new connection must deliver a complete request head within ``head_timeout``; after a response, the next
   request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
   connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
   that byte; a connection that misses a deadline is closed (``408`` for a started head);
 - an idle keep-alive connection (at ``idle_timeout``, or by :meth:`ConnectionGuard.drain`) is closed only when
-  nothing of a next request has arrived (raven/transport/quiet.py); else that request is served (while
+  nothing of a next request has arrived (raven/http/quiet.py); else that request is served (while
   draining, with ``Connection: close``) rather than reset;
 - TLS listeners get ``head_timeout`` as the TLS handshake deadline too;
 - a close waits for what is still buffered to be sent, and a client that reads nothing (its window stays
@@ -32,12 +32,12 @@ the accounts:
 
 While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
 write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
-:meth:`ConnectionGuard.request_finished` (raven/transport/listener.py's
-:func:`~raven.transport.listener.guarded_handler` and ``guard_middleware`` do it).
+:meth:`ConnectionGuard.request_finished` (raven/http/listener.py's
+:func:`~raven.http.listener.guarded_handler` and ``guard_middleware`` do it).
 
 The guard's counts (unauthenticated and authenticated connections per client, the over-capacity ones, the
 drain) and the per-connection protocol that moves a connection between them are one state kept in step, so
-they live together here; the read buffer all guarded connections share is raven/transport/readbuffer.py.
+they live together here; the read buffer all guarded connections share is raven/http/readbuffer.py.
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ from typing import cast
 
 from aiohttp import web
 
+from raven.http.eviction import Eviction
+from raven.http.quiet import parked, unread_bytes
+from raven.http.readbuffer import READ_BUFFER, read_buffer
 from raven.lograte import RateLimitedLog
-from raven.transport.eviction import Eviction
-from raven.transport.quiet import parked, unread_bytes
-from raven.transport.readbuffer import READ_BUFFER, read_buffer
 
 __all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler"]
 
-log = logging.getLogger("raven.transport.listener")
+log = logging.getLogger("raven.http.guard")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -71,7 +71,7 @@ class GuardLimits:
     max_unproven: int | None = None  # None: max_connections (a listener whose handler never vouches)
     max_unproven_per_client: int | None = None  # None: max_per_client
     # None: a full listener refuses a new connection. A number: it closes a waiting connection of the client
-    # holding the most to admit it (raven/transport/eviction.py; a head owed longer than this is overdue).
+    # holding the most to admit it (raven/http/eviction.py; a head owed longer than this is overdue).
     evict_grace: float | None = None
 
     def __post_init__(self) -> None:
@@ -276,7 +276,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             self.end_keepalive()  # keep-alive over: an ordinary close, not an error
 
     def end_keepalive(self) -> bool:
-        """Close this idle connection if quiet (raven/transport/quiet.py), else look again in a moment (its bytes
+        """Close this idle connection if quiet (raven/http/quiet.py), else look again in a moment (its bytes
         move it to its head's deadline, aiohttp's request to :meth:`busy`; closed anyway after a head's time)."""
         transport = self._transport
         if transport is None or transport.is_closing():

@@ -24,7 +24,7 @@ Closing an idle keep-alive connection loses nothing: an HTTP client sends its ne
 (Go's client, so Prometheus's, and aiohttp's also resend an idempotent request that met the close).
 
 This module keeps the order (oldest first, per client and over all) and picks; the guard
-(raven/transport/guard.py) tells it when a connection arrives, changes phase and ends, and closes the victim.
+(raven/http/guard.py) tells it when a connection arrives, changes phase and ends, and closes the victim.
 """
 
 from __future__ import annotations
