@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 
 from raven.layer3 import policy as l3policy
-from raven.layer3.config import AgentLayer3 as Layer3Config
+from raven.layer3.config import AgentLayer3Settings
 from raven.layer3.host import Layer3Host
 from raven.layer3.lanaddress import FloatingAddress
-from raven.layer3.policy import Drop, Policy
+from raven.layer3.policy import Drop, ForwardingPolicy
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
@@ -31,7 +31,7 @@ MIN_PREFIX_V6 = 16
 
 
 class AgentLayer3:
-    def __init__(self, cfg: Layer3Config, pool: str, metrics: AgentMetrics) -> None:
+    def __init__(self, cfg: AgentLayer3Settings, pool: str, metrics: AgentMetrics) -> None:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
@@ -40,7 +40,7 @@ class AgentLayer3:
                                on_write=self._written)
         self.sessions: dict[Tunnel, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
         self.carrier: Tunnel | None = None  # the session the pool's packets go up (an active one)
-        self.policy = Policy((), {pool: cfg.cidrs})
+        self.policy = ForwardingPolicy((), {pool: cfg.cidrs})
         self.accept = [l3policy.network(c) for c in cfg.accept_cidrs]
         self.lan: FloatingAddress | None = None
         self.carrying = False  # some gateway replica sends this agent its pool's packets (said in its ROUTES)
@@ -131,7 +131,7 @@ class AgentLayer3:
         self.carrier = active[0][0] if active else None
         reachable = tuple(sorted({c for _, r in active for c in r}))
         try:
-            self.policy = Policy(reachable, {self.pool: self.cfg.cidrs})
+            self.policy = ForwardingPolicy(reachable, {self.pool: self.cfg.cidrs})
         except l3policy.PolicyError as exc:
             log.error("layer3: cannot use the gateways' routes (%s): keeping the previous ones", exc)
             return

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from agent.checks import Policy
-from agent.control import GatewayControl
+from agent.controlhandlers import GatewayControl
 from agent.dialler import Dialler, DuplicateReplica
 from agent.forwarder import Forwarder
 from agent.layer3 import AgentLayer3

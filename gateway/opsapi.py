@@ -55,7 +55,7 @@ class OpsApi:
     async def _status(self, request: web.Request, html: bool) -> web.Response:
         try:
             query = status.parse_query(list(request.query), request.query.getall)
-        except status.BadQuery as exc:
+        except status.BadStatusQuery as exc:
             return web.Response(status=400, text=f"raven: {exc}\n")
         return await self._answer(request, self.views.status_page(query, html))
 
@@ -78,6 +78,6 @@ class OpsApi:
         ``?group=pool`` groups the targets that share their labels."""
         try:
             query = discovery.parse_query(request.query, request.query.getall, self.gw.cfg.front.allowed_ports)
-        except discovery.BadQuery as exc:
+        except discovery.BadSdQuery as exc:
             return web.Response(status=400, text=f"{exc}\n")
         return await self._answer(request, self.views.sd(query))

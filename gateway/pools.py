@@ -37,7 +37,7 @@ log = logging.getLogger("raven.gateway.pools")
 OPENYURT_EDGE_LABEL = "openyurt.io/is-edge-worker"
 
 
-class Registered(Protocol):
+class RegisteredNode(Protocol):
     """A node as an agent registered it (a registry entry, or the views' copy of one)."""
 
     @property
@@ -184,7 +184,7 @@ class Pools:
         raise Refusal(Reason.DIRECT_POOL, f"node {node!r} of pool {pool!r} is reached {way} (reach: {reach}): "
                       "scrape it without the proxy", node=node, pool=pool)
 
-    def direct_nodes(self, registered: Collection[Registered]) -> list[DirectNode]:
+    def direct_nodes(self, registered: Collection[RegisteredNode]) -> list[DirectNode]:
         """Every known node of a pool that is not reached through the tunnel, sorted by name."""
         out: dict[str, DirectNode] = {}
         for name, (pool, address) in self.static.items():
@@ -206,7 +206,7 @@ class Pools:
                                              entry.address if _is_ip(entry.address) else None)
         return [out[name] for name in sorted(out)]
 
-    def hosts_entries(self, registered: Collection[Registered]) -> dict[str, str]:
+    def hosts_entries(self, registered: Collection[RegisteredNode]) -> dict[str, str]:
         """Name -> address lines for the hosts file (``hosts.direct: internal-ip``); empty with ``omit``."""
         if self.hosts_direct != "internal-ip":
             return {}

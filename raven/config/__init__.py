@@ -27,7 +27,7 @@ from raven.config.base import (
 )
 from raven.config.gateway import (
     ConfigMapTarget,
-    FrontAuth,
+    FrontAuthSettings,
     GatewayConfig,
     GatewayFront,
     GatewayTunnel,
@@ -43,7 +43,7 @@ __all__ = [
     "AgentGateway",
     "AgentNode",
     "ConfigMapTarget",
-    "FrontAuth",
+    "FrontAuthSettings",
     "GatewayConfig",
     "GatewayFront",
     "GatewayTunnel",

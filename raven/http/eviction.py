@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Protocol
 
-__all__ = ["Candidate", "Eviction"]
+__all__ = ["Evictable", "Eviction"]
 
 
-class Candidate(Hashable, Protocol):
+class Evictable(Hashable, Protocol):
     """What the eviction needs to know of a connection: its client's address."""
 
     @property
@@ -57,10 +57,10 @@ class Eviction:
     def __init__(self, grace: float) -> None:
         self.grace = grace
         self._count: dict[str, int] = {}
-        self._idle: dict[Candidate, None] = {}
-        self._head: dict[Candidate, float] = {}  # -> when it started to owe its head
-        self._idle_of: dict[str, dict[Candidate, None]] = {}
-        self._head_of: dict[str, dict[Candidate, float]] = {}
+        self._idle: dict[Evictable, None] = {}
+        self._head: dict[Evictable, float] = {}  # -> when it started to owe its head
+        self._idle_of: dict[str, dict[Evictable, None]] = {}
+        self._head_of: dict[str, dict[Evictable, float]] = {}
 
     def __len__(self) -> int:
         return sum(self._count.values())
@@ -68,15 +68,15 @@ class Eviction:
     def holds(self, client: str) -> int:
         return self._count.get(client, 0)
 
-    def add(self, conn: Candidate, now: float) -> None:
+    def add(self, conn: Evictable, now: float) -> None:
         self._count[conn.client] = self._count.get(conn.client, 0) + 1
         self._put(conn, now, head=True)
 
-    def waiting(self, conn: Candidate, now: float, head: bool) -> None:
+    def waiting(self, conn: Evictable, now: float, head: bool) -> None:
         self.busy(conn)
         self._put(conn, now, head)
 
-    def busy(self, conn: Candidate) -> None:
+    def busy(self, conn: Evictable) -> None:
         client = conn.client
         if self._idle.pop(conn, 0) is None:
             own = self._idle_of[client]
@@ -89,7 +89,7 @@ class Eviction:
             if not owed:
                 del self._head_of[client]
 
-    def remove(self, conn: Candidate) -> None:
+    def remove(self, conn: Evictable) -> None:
         self.busy(conn)
         client = conn.client
         left = self._count.get(client, 0) - 1
@@ -98,7 +98,7 @@ class Eviction:
         else:
             self._count.pop(client, None)
 
-    def _put(self, conn: Candidate, now: float, head: bool) -> None:
+    def _put(self, conn: Evictable, now: float, head: bool) -> None:
         if head:
             self._head[conn] = now
             self._head_of.setdefault(conn.client, {})[conn] = now
@@ -106,7 +106,7 @@ class Eviction:
             self._idle[conn] = None
             self._idle_of.setdefault(conn.client, {})[conn] = None
 
-    def victim(self, client: str, now: float) -> Candidate | None:
+    def victim(self, client: str, now: float) -> Evictable | None:
         """The connection to close so that a new one from ``client`` fits, or None (the newcomer is refused)."""
         if not self._count:
             return None

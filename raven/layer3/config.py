@@ -37,7 +37,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raven.errors import ConfigError
-from raven.layer3.policy import Policy, PolicyError
+from raven.layer3.policy import ForwardingPolicy, PolicyError
 from raven.layer3.tun import DEFAULT_BATCH, DEFAULT_DEVICE, MAX_BATCH, valid_device_name
 from raven.unknownkeys import EXTRA, unknown_setting
 
@@ -150,7 +150,7 @@ class PoolLayer3(_Model):
     )
 
 
-class GatewayLayer3(_Model):
+class GatewayLayer3Settings(_Model):
     enabled: bool = Field(False, description="carry IP packets between the cloud and the pools (needs CAP_NET_ADMIN)")
     device: DeviceName = Field(DEFAULT_DEVICE, description="name of the TUN device")
     mtu: MTU = DEFAULT_MTU
@@ -172,7 +172,7 @@ class GatewayLayer3(_Model):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> GatewayLayer3:
+    def _consistent(self) -> GatewayLayer3Settings:
         if self.enabled and not self.addresses:
             raise ValueError("addresses: layer 3 is enabled but the device has no address")
         _unique("cloud_cidrs", self.cloud_cidrs)
@@ -194,14 +194,14 @@ class GatewayLayer3(_Model):
                     raise ValueError(f"addresses: {address} lies in pool {pool}'s CIDRs; use an address of the cloud")
         return self
 
-    def policy(self, certificate_cidrs: Mapping[str, list[str]] | None = None) -> Policy:
+    def policy(self, certificate_cidrs: Mapping[str, list[str]] | None = None) -> ForwardingPolicy:
         """The forwarding policy; ``certificate_cidrs`` (per pool, from its certificate) narrows the pools'."""
-        return Policy(
+        return ForwardingPolicy(
             self.cloud_cidrs, {p: c.cidrs for p, c in self.pools.items()}, certificate_cidrs, self.edge_to_edge,
         )
 
 
-class AgentLayer3(_Model):
+class AgentLayer3Settings(_Model):
     enabled: bool = Field(False, description="carry IP packets for this pool (needs CAP_NET_ADMIN)")
     device: DeviceName = Field(DEFAULT_DEVICE, description="name of the TUN device")
     mtu: MTU = DEFAULT_MTU
@@ -231,7 +231,7 @@ class AgentLayer3(_Model):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> AgentLayer3:
+    def _consistent(self) -> AgentLayer3Settings:
         if self.enabled and not self.addresses:
             raise ValueError("addresses: layer 3 is enabled but the device has no address")
         if self.enabled and not self.cidrs:

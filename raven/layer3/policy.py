@@ -163,7 +163,7 @@ _DROPS = {d: Verdict(None, d) for d in Drop}
 _TO_CLOUD = Verdict(CLOUD, None)
 
 
-class Policy:
+class ForwardingPolicy:
     """The gateway's forwarding policy; see the module docstring for the rules."""
 
     def __init__(
