@@ -14,15 +14,14 @@ from raven.config.base import (
     HostPort,
     KubeSettings,
     Method,
-    Model,
-    NodeName,
-    PoolName,
     Port,
     Seconds,
     TLSConfig,
     TunnelLimits,
 )
 from raven.layer3.config import AgentLayer3Settings
+from raven.model import Model
+from raven.names import NodeName, PoolName
 
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # "_" too: /etc/hosts and many DNS allow it
 

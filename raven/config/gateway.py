@@ -12,11 +12,13 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from raven import version
-from raven.config.base import HostPort, KubeSettings, Method, Model, PoolName, Port, Seconds, TLSConfig, TunnelLimits
+from raven.config.base import HostPort, KubeSettings, Method, Port, Seconds, TLSConfig, TunnelLimits
 from raven.config.pools import DirectHosts, PoolDefaults, PoolSettings, pools_nodes_unique
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
 from raven.dns.shards import TYPICAL_NAME_LENGTH, typical_capacity
 from raven.layer3.config import GatewayLayer3Settings
+from raven.model import Model
+from raven.names import PoolName
 
 
 class GatewayTunnel(Model):

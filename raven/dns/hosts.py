@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from raven.aio import cancel_and_wait, retrieve_exception
+from raven.names import LABEL, MAX_NAME
 from raven.protocol import wire
 
 log = logging.getLogger("raven.hosts")
@@ -34,10 +35,9 @@ SINK_TIMEOUT = 30.0  # seconds one sink (a file, a ConfigMap) may take to publis
 
 
 # Names are checked in batches with one regular expression over the batch joined by newlines: one C call for a few
-# thousand names instead of a Python call each (the same grammar as wire.valid_node_name, with possessive
-# quantifiers: a label cannot backtrack past its delimiter, so it matches exactly what the per-name one does).
-_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,62}+(?<=[a-z0-9]))?+"
-_NAMES = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*+\n)*+")
+# thousand names instead of a Python call each (raven/names.py's label, the same grammar as wire.valid_node_name:
+# possessive, so it matches exactly what the per-name check does).
+_NAMES = re.compile(rf"(?:{LABEL}(?:\.{LABEL})*+\n)*+")
 _BATCH = 4096  # names per regular expression call: each holds the GIL for ~1 ms at most
 
 
@@ -53,7 +53,7 @@ def check_names(names: Iterable[str]) -> tuple[list[str], list[str]]:
     for start in range(0, len(unique), _BATCH):
         batch = unique[start:start + _BATCH]
         text = "\n".join(batch) + "\n"
-        if (text.count("\n") == len(batch) and max(map(len, batch)) <= 253
+        if (text.count("\n") == len(batch) and max(map(len, batch)) <= MAX_NAME
                 and _NAMES.fullmatch(text) is not None):
             continue
         bad.extend(name for name in batch if not wire.valid_node_name(name))

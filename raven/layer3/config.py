@@ -34,11 +34,13 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 
 from raven.errors import ConfigError
 from raven.layer3.policy import ForwardingPolicy, PolicyError
 from raven.layer3.tun import DEFAULT_BATCH, DEFAULT_DEVICE, MAX_BATCH, valid_device_name
+from raven.model import Model
+from raven.names import PoolName
 from raven.unknownkeys import EXTRA, unknown_setting
 
 # ---------------------------------------------------------------- the MTU arithmetic (see the docstring)
@@ -60,10 +62,6 @@ RAVEN_TABLE = 0x5241  # 21057 ("RA"): Raven's own routing table on non-gateway n
 RAVEN_RULE_PRIORITY = 0x5241  # 21057: before the main table's rule (32766), after the local table's (0)
 RAVEN_PROTO = 0x52  # 82 ("R"): the rtm_protocol marking every route Raven installs, so that it finds its own
 RESERVED_TABLES = {0: "unspec", 253: "default", 254: "main", 255: "local"}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _cidr(value: str) -> str:
@@ -103,12 +101,6 @@ def _ip(value: str) -> str:
         raise ValueError(f"{value!r} is not an IPv4 or IPv6 address") from None
 
 
-def _pool(value: str) -> str:
-    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", value):
-        raise ValueError(f"{value!r} is not a valid pool name (an RFC 1123 label)")
-    return value
-
-
 def _table(value: int) -> int:
     if value in RESERVED_TABLES:
         raise ValueError(f"table {value} is the kernel's {RESERVED_TABLES[value]!r} table; choose another")
@@ -119,7 +111,6 @@ CIDR = Annotated[str, AfterValidator(_cidr)]
 Interface = Annotated[str, AfterValidator(_interface)]
 DeviceName = Annotated[str, AfterValidator(_device)]
 IPAddress = Annotated[str, AfterValidator(_ip)]
-PoolName = Annotated[str, AfterValidator(_pool)]
 MTU = Annotated[int, Field(ge=576, le=65535, description="MTU of the TUN device; default derived from the "
                                                            "tunnel's overhead (docs/layer3.md)")]
 Table = Annotated[int, Field(ge=1, le=2**32 - 1), AfterValidator(_table)]
@@ -143,14 +134,14 @@ def _unique(name: str, values: list[str]) -> None:
         seen.add(v)
 
 
-class PoolLayer3(_Model):
+class PoolLayer3(Model):
     cidrs: list[CIDR] = Field(
         min_length=1, description="the pool's node and pod ranges; routed to the pool only where its certificate "
         "allows them too",
     )
 
 
-class GatewayLayer3Settings(_Model):
+class GatewayLayer3Settings(Model):
     enabled: bool = Field(False, description="carry IP packets between the cloud and the pools (needs CAP_NET_ADMIN)")
     device: DeviceName = Field(DEFAULT_DEVICE, description="name of the TUN device")
     mtu: MTU = DEFAULT_MTU
@@ -201,7 +192,7 @@ class GatewayLayer3Settings(_Model):
         )
 
 
-class AgentLayer3Settings(_Model):
+class AgentLayer3Settings(Model):
     enabled: bool = Field(False, description="carry IP packets for this pool (needs CAP_NET_ADMIN)")
     device: DeviceName = Field(DEFAULT_DEVICE, description="name of the TUN device")
     mtu: MTU = DEFAULT_MTU
@@ -255,7 +246,7 @@ class AgentLayer3Settings(_Model):
         return self
 
 
-class RoutesLayer3(_Model):
+class RoutesLayer3(Model):
     """``raven routes``: send the remote CIDRs to the local gateway node (Raven's own table and rule)."""
 
     gateway: IPAddress = Field(description="the local gateway node's address (on this node's network)")
