@@ -421,10 +421,6 @@ async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.St
         await cancel_and_wait(tasks)
 
 
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
 def _safe(exc: BaseException, address: str = "") -> str:
     """An error for a log line or a peer: its type and message, never the request (headers hold tokens).
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from raven.errors import RavenError
+from raven.hostport import url_host
 
 if TYPE_CHECKING:
     from agent.upstream import UpstreamPool
@@ -386,7 +387,7 @@ def request_head(
             has_host = True
         lines.append(f"{name}: {value}\r\n")
     if not has_host:
-        host = f"[{address}]" if ":" in address else address
+        host = url_host(address)
         lines.insert(1, f"Host: {host}\r\n" if port == 80 else f"Host: {host}:{port}\r\n")
     if chunked:
         lines.append("Transfer-Encoding: chunked\r\n")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from raven.config import GatewayConfig
 from raven.config.pools import REACHES, Reach
+from raven.hostport import url_host
 from raven.refusals import Reason, Refusal
 
 if TYPE_CHECKING:
@@ -217,4 +218,4 @@ class Pools:
         known), else its address."""
         if self.hosts_direct == "internal-ip" or node.address is None:
             return node.name
-        return f"[{node.address}]" if ":" in node.address else node.address
+        return url_host(node.address)

@@ -25,9 +25,10 @@ from gateway.proxy import Proxy
 from gateway.registry import Reevaluation, Registry
 from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
-from raven.config import GatewayConfig, split_host_port
+from raven.config import GatewayConfig
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
+from raven.hostport import split_host_port
 from raven.http import parsererrors
 from raven.http.listener import (
     ConnectionGuard,

@@ -21,7 +21,6 @@ from raven.config.base import (
     Seconds,
     TLSConfig,
     TunnelLimits,
-    split_host_port,
 )
 from raven.config.gateway import (
     ConfigMapTarget,
@@ -58,5 +57,4 @@ __all__ = [
     "TunnelLimits",
     "build",
     "load_tree",
-    "split_host_port",
 ]

@@ -36,11 +36,6 @@ def _method(value: str) -> str:
 Method = Annotated[str, AfterValidator(_method)]
 
 
-def split_host_port(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 class TLSConfig(Model):
     cert: Path = Field(description="PEM certificate of this side")
     key: Path = Field(description="PEM private key of this side")

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from raven.config import split_host_port
+from raven.hostport import split_host_port
 from raven.http.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
 from raven.ops.pages import Built, Page, PageCache, respond
 
