@@ -27,7 +27,8 @@ from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
 from raven.config import GatewayConfig
 from raven.config.reload import Reloader, take_over
-from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
+from raven.dns.hosts import NAMES_ROOM
+from raven.dns.publisher import HostsPublisher, file_sink
 from raven.hostport import split_host_port
 from raven.http import parsererrors
 from raven.http.listener import (
@@ -68,7 +69,7 @@ class Gateway:
         self.pools = Pools(cfg)
         budget: int | None = None
         if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
-            budget = (CONFIGMAP_MAX_BYTES - 4096) * cfg.hosts.shards  # room for each file's header lines
+            budget = NAMES_ROOM * cfg.hosts.shards
         self.registry = Registry(
             rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,

@@ -15,7 +15,7 @@ from raven import version
 from raven.config.base import HostPort, KubeSettings, Method, Port, Seconds, TLSConfig, TunnelLimits
 from raven.config.pools import DirectHosts, PoolDefaults, PoolSettings, pools_nodes_unique
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
-from raven.dns.shards import TYPICAL_NAME_LENGTH, typical_capacity
+from raven.dns.shards import MAX_SHARDS, TYPICAL_NAME_LENGTH, typical_capacity
 from raven.layer3.config import GatewayLayer3Settings
 from raven.model import Model
 from raven.names import PoolName
@@ -196,7 +196,7 @@ class HostsSettings(Model):
     lease: LeaseSettings = LeaseSettings()
     debounce: Seconds = Field(1.0, description="wait this long after a change before publishing")
     shards: int = Field(
-        1, ge=1, le=10,
+        1, ge=1, le=MAX_SHARDS,
         description="split the hosts file in this many files or ConfigMaps, past one ConfigMap's 1 MiB (about "
         f"{_CAPACITY[0]:,} names of {TYPICAL_NAME_LENGTH} characters with one IPv4 service address, {_CAPACITY[1]:,} "
         "with IPv4 and IPv6): shard k >= 1 goes to <file>.<k> and ConfigMap <name>-<k>, each read by a CoreDNS server "
