@@ -42,6 +42,7 @@ from raven.ops import gcpause
 from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
+from raven.protocol import wire
 from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
@@ -449,7 +450,7 @@ class Gateway:
 
     async def stop(self) -> None:
         sessions = [s.session for s in self.registry.sessions.values()]
-        await asyncio.gather(*(s.close("gateway stopping", 9) for s in sessions), return_exceptions=True)
+        await asyncio.gather(*(s.close("gateway stopping", wire.ResetCode.DRAINING) for s in sessions), return_exceptions=True)
         await self.reloader.stop()
         if self.front_reloader is not None:
             await self.front_reloader.stop()
