@@ -8,24 +8,20 @@ client that accepts it, and ``304 Not Modified`` to one whose ``If-None-Match`` 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway import discovery, status
-from gateway.views import Views
+from gateway.views import GatewayState, Views
 from raven.ops.pages import Busy, Page, busy, respond
-
-if TYPE_CHECKING:
-    from gateway.service import Gateway
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class OpsApi:
-    """The ops endpoints of one :class:`~gateway.service.Gateway` (read at each request: reloads show)."""
+    """The ops endpoints of one gateway (:class:`~gateway.views.GatewayState`, read at each request: reloads show)."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayState) -> None:
         self.gw = gw
         self.views = Views(gw)
 
