@@ -34,7 +34,7 @@ from gateway.tcprelay import relay_tcp
 from raven.aio import reset_connection
 from raven.config import GatewayFront
 from raven.errors import RavenError
-from raven.http.listener import ConnectionGuard
+from raven.http.guard import ConnectionGuard
 from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics

@@ -32,13 +32,8 @@ from raven.dns.hosts import NAMES_ROOM
 from raven.dns.publisher import HostsPublisher, file_sink
 from raven.hostport import split_host_port
 from raven.http import parsererrors
-from raven.http.listener import (
-    ConnectionGuard,
-    GuardedSite,
-    GuardLimits,
-    descriptor_budget,
-    guarded_handler,
-)
+from raven.http.guard import ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, descriptor_budget, guarded_handler
 from raven.ops import gcpause
 from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry

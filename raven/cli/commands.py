@@ -1,6 +1,7 @@
 """The `raven` command: gateway, agent, certs, routes, hosts, dns, status, demo.
 
-Size: one argparse tree and one small function per command; the commands' work lives in their own modules.
+One argparse tree and one small function per command; the commands' work lives in their own modules. This is
+the composition root: the one module of raven/ that starts the services (gateway/, agent/); nothing imports it.
 """
 
 from __future__ import annotations

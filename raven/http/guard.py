@@ -332,12 +332,6 @@ class ConnectionGuard:
     def unproven(self) -> int:
         return self._unproven_total
 
-    def client_connections(self, client: str) -> int:
-        return self._unproven.get(client, 0) + self._proven.get(client, 0)
-
-    def client_proven(self, client: str) -> int:
-        return self._proven.get(client, 0)
-
     def per_client_cap(self) -> int:
         derived = self.proven_cap() if self.proven_cap is not None else 0
         return max(self.limits.max_per_client, derived)

@@ -18,16 +18,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_runner import BaseRunner, BaseSite
 
-from raven.http.guard import (  # re-exported: the services import the guard with the site
-    GROWTH_STEP,
-    READ_BUFFER,
-    ConnectionGuard,
-    GuardLimits,
-    Handler,
-)
-
-__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "GuardedSite", "Handler",
-           "descriptor_budget", "guard_middleware", "guarded_handler"]
+from raven.http.guard import ConnectionGuard, Handler
 
 log = logging.getLogger("raven.http.listener")
 

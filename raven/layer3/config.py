@@ -24,7 +24,8 @@ that a lone packet (a ping, an ACK, a small request) then costs one segment and 
 the packets leave the far end onto ordinary 1500-byte networks without fragmentation. Where both ends' networks
 carry jumbo frames, raise ``mtu`` (up to 65535): fewer, larger packets cost less per byte.
 
-Size: the MTU arithmetic, field types with their checks, three sections, and the error formatting.
+What is here: the MTU arithmetic, the field types with their checks, the gateway's, the agent's and the routes
+command's sections, and the wording of their errors.
 """
 
 from __future__ import annotations

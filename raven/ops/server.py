@@ -8,7 +8,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from raven.hostport import split_host_port
-from raven.http.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
+from raven.http.guard import ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, guard_middleware
 from raven.ops.pages import Built, Page, PageCache, respond
 
 # The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood

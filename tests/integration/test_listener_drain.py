@@ -26,7 +26,8 @@ from aiohttp import web
 from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import free_port
-from raven.http.listener import ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
+from raven.http.guard import ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, guarded_handler
 from raven.http.quiet import unread_bytes
 from raven.transport.tls import client_context, server_context
 
