@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
+from aiohttp.base_protocol import BaseProtocol
 
 from raven.http.eviction import Eviction
 from raven.http.quiet import parked, unread_bytes
@@ -108,8 +109,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     :class:`_ReadBuffer`) and hands aiohttp's protocol a copy with ``data_received``.
     """
 
-    __slots__ = ("_admitted", "_buffered", "_client", "_drain", "_evicted", "_guard", "_inner", "_over", "_paused",
-                 "_phase", "_preadmitted", "_proven", "_settle_by", "_timer", "_transport")
+    __slots__ = ("_admitted", "_buffered", "_client", "_evicted", "_guard", "_inner", "_over", "_phase",
+                 "_preadmitted", "_proven", "_settle_by", "_timer", "_transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
                  over: bool = False) -> None:
@@ -122,10 +123,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._phase = _HEAD
         self._timer: asyncio.TimerHandle | None = None
         self._admitted = False
-        self._paused = False
         self._proven = False
         self._over = over  # admitted beyond max_connections: its first request is refused
-        self._drain: list[asyncio.Future[None]] = []
         self._buffered = 0  # bytes still to send at the last expiry (0: none): the client's progress since
         self._settle_by = 0.0  # idle, its next request arriving: closed anyway at this loop time (0: not set)
         self._evicted = False  # closed to make room for another: released from the counts then
@@ -182,38 +181,28 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         if not self._admitted:
             return
         self._admitted = False
-        self._wake_drain(ConnectionResetError("client connection lost"))
         if not self._evicted:  # an evicted connection was released when it was chosen
             self._guard.release(self._client, self._transport, self._proven, self._over)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._paused = True
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._paused = False
-        self._wake_drain(None)
         self._inner.resume_writing()
 
-    def _wake_drain(self, exc: Exception | None) -> None:
-        waiters, self._drain = self._drain, []
-        for fut in waiters:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
     async def drained(self) -> None:
-        """Return once the transport accepts writes again (the client read); raise if the connection is lost."""
+        """Return once the transport accepts writes again (the client read); raise if the connection is lost.
+
+        The write flow control is aiohttp's protocol's (its drain helper, which its own writers wait on): this
+        wrapper passes pause and resume through and keeps no waiters of its own."""
+        try:
+            if self._admitted:
+                await cast(BaseProtocol, self._inner)._drain_helper()
+        except ConnectionError:
+            pass  # lost meanwhile: said below
         if not self._admitted:
             raise ConnectionResetError("client connection lost")
-        if not self._paused:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._drain.append(fut)
-        await fut
 
     # ---------------------------------------------------------------- phases
 
