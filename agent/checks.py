@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from yarl import URL
 
 from raven.deadline import Deadline
+from raven.hostport import url_host
 from raven.protocol import FRAMING, filter_headers, terms_of, wire
 from raven.refusals import Reason, Refusal
 
@@ -75,8 +76,7 @@ def check_open(frame: wire.Open, address: str | None, policy: Policy) -> Request
         raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} is not origin-form (/path?query)")
     path, _, query = target.partition("?")
     # Already encoded parts: an IPv6 address must come bracketed then (yarl brackets it only when it encodes).
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    url = URL.build(scheme="http", host=host, port=frame.port, path=path, query_string=query, encoded=True)
+    url = URL.build(scheme="http", host=url_host(address), port=frame.port, path=path, query_string=query, encoded=True)
     # Belt and braces: whatever the target held, the URL goes to the inventory address and allowed port only.
     if url.host != address.strip("[]") or url.port != frame.port or url.user is not None:
         raise Refusal(Reason.AGENT_TARGET, f"request target {target[:80]!r} would leave node {node!r}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from raven.httpcoding import accepts_gzip, deflate
+from raven.http.coding import accepts_gzip, deflate
 
 __all__ = ["FLUSH_BYTES", "LEVEL", "MIN_BYTES", "Gzip", "accepts_gzip", "plan"]
 from raven.protocol import wire

@@ -36,7 +36,7 @@ from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import filter_headers, wire
 from raven.refusals import Reason, Refusal
-from raven.transport.session import Stream, StreamReset
+from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.agent.forwarder")
 
@@ -420,10 +420,6 @@ async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.St
                 return
     finally:
         await cancel_and_wait(tasks)
-
-
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
 
 
 def _safe(exc: BaseException, address: str = "") -> str:

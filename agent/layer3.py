@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 
 from raven.layer3 import policy as l3policy
-from raven.layer3.config import AgentLayer3 as Layer3Config
+from raven.layer3.config import AgentLayer3Settings
 from raven.layer3.host import Layer3Host
 from raven.layer3.lanaddress import FloatingAddress
-from raven.layer3.policy import Drop, Policy
+from raven.layer3.policy import Drop, ForwardingPolicy
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
-from raven.transport.session import Session
+from raven.transport.tunnel import Tunnel
 
 log = logging.getLogger("raven.agent.layer3")
 MIN_PREFIX_V4 = 8  # without layer3.accept_cidrs, a gateway's offer broader than this is not routed
@@ -31,16 +31,16 @@ MIN_PREFIX_V6 = 16
 
 
 class AgentLayer3:
-    def __init__(self, cfg: Layer3Config, pool: str, metrics: AgentMetrics) -> None:
+    def __init__(self, cfg: AgentLayer3Settings, pool: str, metrics: AgentMetrics) -> None:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
         self.host = Layer3Host(cfg.device, cfg.addresses, cfg.mtu, batch=cfg.batch, manage_sysctls=cfg.manage_sysctls,
                                ipv6=any(":" in a for a in (*cfg.addresses, *cfg.cidrs)), on_drop=self._drop,
                                on_write=self._written)
-        self.sessions: dict[Session, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
-        self.carrier: Session | None = None  # the session the pool's packets go up (an active one)
-        self.policy = Policy((), {pool: cfg.cidrs})
+        self.sessions: dict[Tunnel, tuple[tuple[str, ...], bool]] = {}  # session -> (reachable, active)
+        self.carrier: Tunnel | None = None  # the session the pool's packets go up (an active one)
+        self.policy = ForwardingPolicy((), {pool: cfg.cidrs})
         self.accept = [l3policy.network(c) for c in cfg.accept_cidrs]
         self.lan: FloatingAddress | None = None
         self.carrying = False  # some gateway replica sends this agent its pool's packets (said in its ROUTES)
@@ -70,7 +70,7 @@ class AgentLayer3:
 
     # ------------------------------------------------------------ sessions
 
-    def attach(self, session: Session) -> None:
+    def attach(self, session: Tunnel) -> None:
         """A new session: take its packets and announce this pool's CIDRs."""
         if not session.carries_datagrams:
             log.warning("layer3: session %s speaks protocol version 1 (no layer 3): not announcing", session.name)
@@ -80,11 +80,11 @@ class AgentLayer3:
         session.on_closing = lambda: self.detach(session)  # routes follow at once, not after the close
         session.send_control(self._announcement())
 
-    def detach(self, session: Session) -> None:
+    def detach(self, session: Tunnel) -> None:
         if self.sessions.pop(session, None) is not None:
             self._recompute()
 
-    def on_routes(self, session: Session, frame: wire.Routes) -> None:
+    def on_routes(self, session: Tunnel, frame: wire.Routes) -> None:
         if session not in self.sessions:
             return
         reachable, ignored = self._acceptable(frame.cidrs)
@@ -131,7 +131,7 @@ class AgentLayer3:
         self.carrier = active[0][0] if active else None
         reachable = tuple(sorted({c for _, r in active for c in r}))
         try:
-            self.policy = Policy(reachable, {self.pool: self.cfg.cidrs})
+            self.policy = ForwardingPolicy(reachable, {self.pool: self.cfg.cidrs})
         except l3policy.PolicyError as exc:
             log.error("layer3: cannot use the gateways' routes (%s): keeping the previous ones", exc)
             return

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from agent.checks import Policy
-from agent.control import GatewayControl
+from agent.controlhandlers import GatewayControl
 from agent.dialler import Dialler, DuplicateReplica, Stopping
 from agent.forwarder import Forwarder
 from agent.layer3 import AgentLayer3
@@ -35,8 +35,8 @@ from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import wire
 from raven.transport.connect import connect
-from raven.transport.session import Session
 from raven.transport.tls import CertReloader, expiries
+from raven.transport.tunnel import Tunnel
 from raven.transport.websocket import messages
 
 if TYPE_CHECKING:
@@ -83,8 +83,8 @@ class Agent:
             cfg.tls, server=False,
             on_loaded=lambda tls: set_cert_expiry(self.metrics.cert_expiry, expiries(tls, "agent")),
         )
-        self.sessions: set[Session] = set()
-        self.replica_sessions: dict[str, Session] = {}
+        self.sessions: set[Tunnel] = set()
+        self.replica_sessions: dict[str, Tunnel] = {}
         self.dialler = Dialler(cfg.gateway, self._connect_once, self.metrics, lambda: len(self.replica_sessions),
                                self._log)
         self.draining = False
@@ -248,7 +248,7 @@ class Agent:
         finally:
             await ws.close()
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Session, hello: wire.Hello,
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Tunnel, hello: wire.Hello,
                      welcome: wire.Welcome) -> None:
         session.on_open = self.forwarder.on_open
         self.control.attach(session, welcome.replica)

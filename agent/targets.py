@@ -20,6 +20,8 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 
+from raven.hostport import url_host
+
 log = logging.getLogger("raven.agent.targets")
 
 
@@ -46,7 +48,7 @@ def _is_ip(host: str) -> bool:
 
 def _with_host(url: str, address: str) -> str:
     parts = urlsplit(url)
-    host = f"[{address}]" if ":" in address else address
+    host = url_host(address)
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 

@@ -58,8 +58,8 @@ from agent.upstreamconn import (
     UpstreamError,
     request_head,
 )
+from raven.http.guard import GROWTH_STEP
 from raven.protocol import IDEMPOTENT
-from raven.transport.guard import GROWTH_STEP
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -93,7 +93,7 @@ class UpstreamPool:
     Keep-alive connections are long-lived state (each holds a protocol, a parser, a transport and their buffers,
     which the garbage collector tracks): ``on_grown`` is called when the open connections grew by a step
     (``GROWTH_STEP``, or an eighth of them) above the mark of the last call, the mark following them down as they
-    close (as :class:`~raven.transport.guard.ConnectionGuard` does for the gateway's front end); the agent wires it
+    close (as :class:`~raven.http.guard.ConnectionGuard` does for the gateway's front end); the agent wires it
     to ``raven.ops.gcpause.settle_soon``, which freezes them out of the collector's way. Churn below the mark (a
     connection closed and another opened) does not call it.
     """

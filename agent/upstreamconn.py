@@ -4,7 +4,7 @@ with llhttp (through httptools), the request head written to it, and the errors 
 Reuse is safe only if the parser saw a complete response and the protocol nothing after it: the connection
 and its response are one contract, kept here; the pool that decides reuse (agent/upstream.py) asks
 :meth:`Response.complete` and :meth:`Connection.usable`, and is told of every close through
-:meth:`UpstreamPool.forget`, so that a slot is freed exactly when the protocol reports its connection closed.
+:meth:`Keeper.forget`, so that a slot is freed exactly when the protocol reports its connection closed.
 """
 
 from __future__ import annotations
@@ -13,14 +13,22 @@ import asyncio
 import re
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
 from raven.errors import RavenError
+from raven.hostport import url_host
 
-if TYPE_CHECKING:
-    from agent.upstream import UpstreamPool
+
+class Keeper(Protocol):
+    """What a connection asks of the pool that holds it (agent/upstream.py's ``UpstreamPool``)."""
+
+    def put(self, conn: Connection) -> None:
+        """The connection finished a response cleanly and may carry another."""
+
+    def forget(self, conn: Connection) -> None:
+        """The connection closed: it leaves the pool."""
 
 MAX_LINE = 8190  # status line (aiohttp's max_line_size)
 MAX_FIELD = 8190  # one header, name and value (aiohttp's max_field_size)
@@ -284,7 +292,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = ("_drain", "_write_paused", "closed", "got_bytes", "key", "pool", "response", "transport", "used")
 
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Keeper, key: tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -386,7 +394,7 @@ def request_head(
             has_host = True
         lines.append(f"{name}: {value}\r\n")
     if not has_host:
-        host = f"[{address}]" if ":" in address else address
+        host = url_host(address)
         lines.insert(1, f"Host: {host}\r\n" if port == 80 else f"Host: {host}:{port}\r\n")
     if chunked:
         lines.append("Transfer-Encoding: chunked\r\n")

@@ -41,8 +41,8 @@ from raven.demo.launch import LocalCluster, Proc
 from raven.protocol import wire
 from raven.protocol.errors import RemoteProtocolError
 from raven.transport.connect import connect
-from raven.transport.session import Stream
 from raven.transport.tls import client_context
+from raven.transport.tunnel import Stream
 from raven.transport.websocket import messages
 
 

@@ -10,7 +10,7 @@ connection then ends one of these ways, counted per round:
 - ``answered``: its request got a whole answer with ``Connection: close`` (what a drain should give);
 - ``eof`` / ``reset``: its request got no byte back, the connection closed (a FIN) or reset. A client sends an
   idempotent request again then (Go's does); a request that was already in the gateway when it closed the
-  connection counts here too, which the guard now prevents (raven/transport/quiet.py). What remains is a request
+  connection counts here too, which the guard now prevents (raven/http/quiet.py). What remains is a request
   that crossed the close on the wire;
 - ``timeout``, ``refused`` (an answer other than 200), ``broken`` (an answer cut short).
 

@@ -28,8 +28,9 @@ import tracemalloc
 from typing import Any
 
 from gateway.registry import AgentSession, Registry
-from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, render
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, render
 from raven.dns.names import NameRule
+from raven.dns.publisher import HostsPublisher
 from raven.dns.shards import ceiling, render_shards
 from raven.ops.gcpause import GC_THRESHOLDS, GcPauses
 from raven.protocol import wire

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from raven.errors import TestbedError
+from tests.support.errors import TestbedError
 from tests.support.polling import eventually
 from tests.support.testbed import PROMETHEUS, REPLICA_IPS, Testbed
 

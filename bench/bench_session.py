@@ -1,6 +1,6 @@
 """Benchmark: CPU per scrape through the tunnel session alone, in one process, no sockets.
 
-Two asyncio sessions (raven/transport/session.py around their sans-I/O cores) joined back to back in memory
+Two asyncio sessions (raven/transport/tunnel.py around their sans-I/O cores) joined back to back in memory
 (tests/support/memsession.py); the agent side answers every OPEN with a --size byte body. C workers scrape one
 after another for --requests in all; prints the CPU time (process time) per scrape at each concurrency. It
 isolates the core <-> asyncio seam from TLS, WebSockets, HTTP parsing and the network: compare two trees with
@@ -17,7 +17,7 @@ import argparse
 import asyncio
 import time
 
-from raven.transport.session import Stream
+from raven.transport.tunnel import Stream
 from tests.support.memsession import http_open, pair
 
 

@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Any
 
-from raven.errors import TestbedError
+from tests.support.errors import TestbedError
 from tests.support.linkbed import Link, LinkBed, lossy_phase, outage_phase
 
 

@@ -24,11 +24,11 @@ from gateway.request import Target, parse_target
 from raven.config import GatewayFront
 from raven.counters import KeyedCounter
 from raven.deadline import NO_DEADLINE, Deadline
+from raven.http.guard import ConnectionGuard
 from raven.ops.metrics import GatewayMetrics
 from raven.refusals import Reason, Refusal
-from raven.transport.guard import ConnectionGuard
 
-# The connection guard's refusals (raven/transport/guard.py) by the label it gives them.
+# The connection guard's refusals (raven/http/guard.py) by the label it gives them.
 _CONNECTION_REASON = {"over-capacity": Reason.CONNECTION_OVER_CAPACITY, "client-cap": Reason.CONNECTION_CLIENT_CAP}
 
 

@@ -151,6 +151,17 @@ class FrontAuth:
     def enabled(self) -> bool:
         return self.tokens is not None
 
+    def describe(self, tls: bool, mode: str | None, listen: str) -> tuple[int, str]:
+        """The start's line about who may use the front end: (log level, text)."""
+        if self.tokens is not None:
+            return logging.INFO, f"front end: bearer tokens required ({len(self.tokens.tokens())} accepted)"
+        if tls:
+            return logging.INFO, "front end: client certificates required (TLS)"
+        if mode == "none":
+            return logging.WARNING, (f"front end: NO credentials required (front.auth.mode: none): anything that "
+                                     f"reaches {listen} can scrape every edge node; limit it with a NetworkPolicy")
+        return logging.INFO, "front end: no credentials required (it listens on loopback only)"
+
     def check(self, fields: FieldValues, proxy_mode: bool) -> Refusal | None:
         # Duplicates are refused even when no token is required: the node must not get an ambiguous request.
         proxy_value = _one(fields, "Proxy-Authorization")

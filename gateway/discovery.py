@@ -41,37 +41,37 @@ class SdQuery(NamedTuple):
     group: str = "node"
 
 
-class BadQuery(RavenError, ValueError):
+class BadSdQuery(RavenError, ValueError):
     """A /sd query the gateway will not answer (the message says why)."""
 
 
 def parse_query(query: Mapping[str, str], getall: Any, allowed_ports: Sequence[int]) -> SdQuery:
-    """The ports, pools, reaches and shape asked for; BadQuery for an unknown parameter or value."""
+    """The ports, pools, reaches and shape asked for; BadSdQuery for an unknown parameter or value."""
     unknown = sorted(set(query) - set(PARAMETERS))
     if unknown:
-        raise BadQuery(f"unknown parameter(s) {[u[:40] for u in unknown[:5]]}: /sd takes "
+        raise BadSdQuery(f"unknown parameter(s) {[u[:40] for u in unknown[:5]]}: /sd takes "
                        f"{', '.join(p + '=' for p in PARAMETERS)}")
     ports = list(allowed_ports)
     wanted = getall("port", [])
     if wanted:
         for value in wanted:
             if not (value.isascii() and value.isdigit()) or int(value) not in ports:
-                raise BadQuery(f"port must be one of {ports}, got {value[:20]!r}")
+                raise BadSdQuery(f"port must be one of {ports}, got {value[:20]!r}")
         chosen = {int(v) for v in wanted}
         ports = [p for p in ports if p in chosen]
     reaches = set(getall("reach", []))
     for value in reaches:
         if value not in REACHES:
-            raise BadQuery(f"reach must be one of {', '.join(REACHES)}, got {value[:20]!r}")
+            raise BadSdQuery(f"reach must be one of {', '.join(REACHES)}, got {value[:20]!r}")
     shapes = getall("group", [])
     if len(shapes) > 1 or any(s not in SHAPES for s in shapes):
-        raise BadQuery(f"group must be one of {', '.join(SHAPES)} (once), got {[s[:20] for s in shapes[:2]]}")
+        raise BadSdQuery(f"group must be one of {', '.join(SHAPES)} (once), got {[s[:20] for s in shapes[:2]]}")
     pools = getall("pool", [])
     if len(pools) > 64:
-        raise BadQuery("pool: at most 64 pools")
+        raise BadSdQuery("pool: at most 64 pools")
     for value in pools:
         if not valid_pool_name(value):
-            raise BadQuery(f"pool must be a pool name (an RFC 1123 label), got {value[:63]!r}")
+            raise BadSdQuery(f"pool must be a pool name (an RFC 1123 label), got {value[:63]!r}")
     return SdQuery(tuple(ports), frozenset(pools), frozenset(reaches), shapes[0] if shapes else "node")
 
 

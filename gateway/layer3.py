@@ -30,9 +30,9 @@ from typing import Any
 
 from gateway.registry import AgentSession
 from raven.layer3 import policy as l3policy
-from raven.layer3.config import GatewayLayer3 as Layer3Config
+from raven.layer3.config import GatewayLayer3Settings
 from raven.layer3.host import Layer3Host
-from raven.layer3.policy import CLOUD, Drop, Policy, PrefixTable, intersect
+from raven.layer3.policy import CLOUD, Drop, ForwardingPolicy, PrefixTable, intersect
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
@@ -41,12 +41,12 @@ log = logging.getLogger("raven.gateway.layer3")
 MAX_ANNOUNCED = 64  # CIDRs one agent may announce for its pool (a ROUTES frame may carry more: the gateway's)
 
 
-class Candidate:
+class RouteCandidate:
     """An agent session that announced layer-3 CIDRs for a pool."""
 
     __slots__ = ("agent", "allowed", "announced", "announced_raw", "claims", "live", "own", "pool", "routed")
 
-    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: Policy,
+    def __init__(self, agent: AgentSession, pool: str, announced: list[str], allowed: list[str], own: ForwardingPolicy,
                  announced_raw: tuple[str, ...] = ()) -> None:
         self.agent = agent
         self.announced_raw = announced_raw  # the ROUTES frame's list as sent (an unchanged one costs nothing)
@@ -64,14 +64,14 @@ class Candidate:
 
 
 class GatewayLayer3:
-    def __init__(self, cfg: Layer3Config, metrics: GatewayMetrics) -> None:
+    def __init__(self, cfg: GatewayLayer3Settings, metrics: GatewayMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.host = Layer3Host(cfg.device, cfg.addresses, cfg.mtu, batch=cfg.batch, manage_sysctls=cfg.manage_sysctls,
                                ipv6=any(":" in a for a in cfg.addresses), on_drop=self._drop)
-        self.candidates: dict[str, list[Candidate]] = collections.defaultdict(list)  # pool -> in arrival order
-        self.active: dict[str, Candidate] = {}
-        self.policy: Policy = cfg.policy({})
+        self.candidates: dict[str, list[RouteCandidate]] = collections.defaultdict(list)  # pool -> in arrival order
+        self.active: dict[str, RouteCandidate] = {}
+        self.policy: ForwardingPolicy = cfg.policy({})
         # The device's own addresses may also send to the pools (the gateway node itself), besides cloud_cidrs.
         self._local = PrefixTable((ipaddress.ip_network(ipaddress.ip_interface(a).ip), "") for a in cfg.addresses)
         self._from_pools: dict[str, list[int]] = {}  # packets and bytes per pool in this loop turn
@@ -158,7 +158,7 @@ class GatewayLayer3:
             return
         if was_active:
             self.detach(agent, quiet=True)  # it moved to another pool: let the old one elect again
-        cand = Candidate(agent, pool, announced, allowed, own, frame.cidrs)
+        cand = RouteCandidate(agent, pool, announced, allowed, own, frame.cidrs)
         cand.claims = frame.active
         self.candidates[pool].append(cand)
         agent.session.on_datagram = lambda packet, c=cand: self._from_agent(c, packet)
@@ -194,13 +194,13 @@ class GatewayLayer3:
         self.detach(agent, quiet=True)  # what it held before this announcement goes too
         self._log.warning(agent.agent, "l3-refused", "layer3: not routing for agent %s: %s", agent.agent, reason)
 
-    def _eligible(self, pool: str) -> list[Candidate]:
+    def _eligible(self, pool: str) -> list[RouteCandidate]:
         """The pool's candidates that may be active: live, and none carries strictly more of the pool than they."""
         usable = [c for c in self.candidates.get(pool, []) if not c.agent.session.closed]
         return [c for c in usable if not any(l3policy.carries_more(o.routed, c.routed) for o in usable)]
 
     @staticmethod
-    def _preferred(usable: list[Candidate]) -> Candidate | None:
+    def _preferred(usable: list[RouteCandidate]) -> RouteCandidate | None:
         """The candidate that says it carries the pool (the lowest name among several), if any."""
         claiming = [c for c in usable if c.claims]
         return min(claiming, key=lambda c: c.rank) if claiming else None
@@ -251,7 +251,7 @@ class GatewayLayer3:
                 out += [str(n) for n in self.policy.allowed(b)]
         return out
 
-    def _tell(self, cand: Candidate, active: bool) -> None:
+    def _tell(self, cand: RouteCandidate, active: bool) -> None:
         cand.agent.session.send_control(wire.Routes(tuple(self._reachable(cand.pool)), active=active))
 
     def _rebuild(self) -> None:
@@ -293,7 +293,7 @@ class GatewayLayer3:
             self.metrics.l3_packets.labels(pool, "to_pool").inc(n)
             self.metrics.l3_bytes.labels(pool, "to_pool").inc(size)
 
-    def _from_agent(self, cand: Candidate, packet: memoryview) -> None:
+    def _from_agent(self, cand: RouteCandidate, packet: memoryview) -> None:
         """A packet from an agent of a pool: its source must lie in what that agent may announce (its own
         certificate; the active agent's CIDRs are the pool's routes), then to the cloud or an allowed pool."""
         pool = cand.pool

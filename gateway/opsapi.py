@@ -8,24 +8,20 @@ client that accepts it, and ``304 Not Modified`` to one whose ``If-None-Match`` 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway import discovery, status
-from gateway.views import Views
+from gateway.views import GatewayState, Views
 from raven.ops.pages import Busy, Page, busy, respond
-
-if TYPE_CHECKING:
-    from gateway.service import Gateway
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class OpsApi:
-    """The ops endpoints of one :class:`~gateway.service.Gateway` (read at each request: reloads show)."""
+    """The ops endpoints of one gateway (:class:`~gateway.views.GatewayState`, read at each request: reloads show)."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayState) -> None:
         self.gw = gw
         self.views = Views(gw)
 
@@ -55,7 +51,7 @@ class OpsApi:
     async def _status(self, request: web.Request, html: bool) -> web.Response:
         try:
             query = status.parse_query(list(request.query), request.query.getall)
-        except status.BadQuery as exc:
+        except status.BadStatusQuery as exc:
             return web.Response(status=400, text=f"raven: {exc}\n")
         return await self._answer(request, self.views.status_page(query, html))
 
@@ -78,6 +74,6 @@ class OpsApi:
         ``?group=pool`` groups the targets that share their labels."""
         try:
             query = discovery.parse_query(request.query, request.query.getall, self.gw.cfg.front.allowed_ports)
-        except discovery.BadQuery as exc:
+        except discovery.BadSdQuery as exc:
             return web.Response(status=400, text=f"{exc}\n")
         return await self._answer(request, self.views.sd(query))

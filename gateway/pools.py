@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from raven.config import GatewayConfig
 from raven.config.pools import REACHES, Reach
+from raven.hostport import url_host
 from raven.refusals import Reason, Refusal
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ log = logging.getLogger("raven.gateway.pools")
 OPENYURT_EDGE_LABEL = "openyurt.io/is-edge-worker"
 
 
-class Registered(Protocol):
+class RegisteredNode(Protocol):
     """A node as an agent registered it (a registry entry, or the views' copy of one)."""
 
     @property
@@ -184,7 +185,7 @@ class Pools:
         raise Refusal(Reason.DIRECT_POOL, f"node {node!r} of pool {pool!r} is reached {way} (reach: {reach}): "
                       "scrape it without the proxy", node=node, pool=pool)
 
-    def direct_nodes(self, registered: Collection[Registered]) -> list[DirectNode]:
+    def direct_nodes(self, registered: Collection[RegisteredNode]) -> list[DirectNode]:
         """Every known node of a pool that is not reached through the tunnel, sorted by name."""
         out: dict[str, DirectNode] = {}
         for name, (pool, address) in self.static.items():
@@ -206,7 +207,7 @@ class Pools:
                                              entry.address if _is_ip(entry.address) else None)
         return [out[name] for name in sorted(out)]
 
-    def hosts_entries(self, registered: Collection[Registered]) -> dict[str, str]:
+    def hosts_entries(self, registered: Collection[RegisteredNode]) -> dict[str, str]:
         """Name -> address lines for the hosts file (``hosts.direct: internal-ip``); empty with ``omit``."""
         if self.hosts_direct != "internal-ip":
             return {}
@@ -217,4 +218,4 @@ class Pools:
         known), else its address."""
         if self.hosts_direct == "internal-ip" or node.address is None:
             return node.name
-        return f"[{node.address}]" if ":" in node.address else node.address
+        return url_host(node.address)

@@ -34,6 +34,7 @@ from gateway.tcprelay import relay_tcp
 from raven.aio import reset_connection
 from raven.config import GatewayFront
 from raven.errors import RavenError
+from raven.http.guard import ConnectionGuard
 from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
 from raven.ops.metrics import GatewayMetrics
@@ -47,8 +48,7 @@ from raven.protocol import (
     wire,
 )
 from raven.refusals import Reason, Refusal, reset_reason
-from raven.transport.listener import ConnectionGuard
-from raven.transport.session import Stream, StreamReset
+from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 

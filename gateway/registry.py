@@ -23,7 +23,7 @@ from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
 from raven.protocol import wire
 from raven.refusals import Reason, Refusal
-from raven.transport.session import Session
+from raven.transport.tunnel import Tunnel
 
 log = logging.getLogger("raven.gateway.registry")
 
@@ -33,7 +33,7 @@ class AgentSession:
     agent: str
     session_id: str
     pools: frozenset[str]
-    session: Session
+    session: Tunnel
     peer: str = ""
     cidrs: tuple[str, ...] = ()  # layer 3: what the certificate lets the agent announce (urn:raven:cidr:)
     release: str = ""  # the agent's release as its HELLO announced it (empty: 0.1.0, which announced none)

@@ -1,7 +1,7 @@
 """`raven gateway`: the tunnel endpoint, the proxy front end and the ops listener in one process.
 
-Size: the wiring of every part of the gateway (listeners, reload, Kubernetes, drain), read top to bottom, start
-to drain; each part lives in its own module (the ops endpoints in gateway/opsapi.py).
+The wiring of every part of the gateway (listeners, reload, Kubernetes, drain), read top to bottom from start
+to drain; each part lives in its own module (the ops endpoints in gateway/opsapi.py, over gateway/views.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,27 +23,26 @@ from gateway.opsapi import OpsApi
 from gateway.pools import Pools
 from gateway.proxy import Proxy
 from gateway.registry import Reevaluation, Registry
+from gateway.status import NodeResult
 from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
-from raven.config import GatewayConfig, split_host_port
+from raven.config import GatewayConfig
 from raven.config.reload import Reloader, take_over
-from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HostsPublisher, file_sink
+from raven.dns.hosts import NAMES_ROOM
+from raven.dns.publisher import HostsPublisher, file_sink
+from raven.hostport import split_host_port
+from raven.http import parsererrors
+from raven.http.guard import ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, descriptor_budget, guarded_handler
 from raven.ops import gcpause
 from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
-from raven.transport import httperrors
-from raven.transport.listener import (
-    ConnectionGuard,
-    GuardedSite,
-    GuardLimits,
-    descriptor_budget,
-    guarded_handler,
-)
+from raven.protocol import wire
 from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
-    from raven.kube import ConfigMapPublisher, KubeNode, LeaseElector
+    from raven.kube import KubeNode, LeaseElector
 
 log = logging.getLogger("raven.gateway")
 
@@ -67,7 +66,7 @@ class Gateway:
         self.pools = Pools(cfg)
         budget: int | None = None
         if cfg.hosts.configmap is not None:  # a ConfigMap holds 1 MiB: refuse names that would not fit
-            budget = (CONFIGMAP_MAX_BYTES - 4096) * cfg.hosts.shards  # room for each file's header lines
+            budget = NAMES_ROOM * cfg.hosts.shards
         self.registry = Registry(
             rebind_after=cfg.node_rebind_after, max_nodes_per_agent=cfg.max_nodes_per_agent,
             name_suffixes=tuple(cfg.allowed_name_suffixes), max_nodes_total=cfg.max_nodes_total,
@@ -131,13 +130,22 @@ class Gateway:
         self._front_sites: list[GuardedSite] = []
         self._background: list[asyncio.Task[None]] = []
         self.kube_nodes: dict[str, KubeNode] = {}
-        self.kube_synced = not cfg.kubernetes.enabled
+        self.kube_synced: bool = not cfg.kubernetes.enabled
         self._kube_api: Any = None
         self._elector: LeaseElector | None = None
         self._stopped = asyncio.Event()
         self.started = time.monotonic()
         self.started_wall = time.time()
         self._was_ready = False
+
+    @property
+    def draining(self) -> bool:
+        return self.tunnel.draining
+
+    @property
+    def last(self) -> dict[str, NodeResult]:
+        """Each registered node's latest request outcome (the status page)."""
+        return self.proxy.last
 
     def _log_secrets(self) -> tuple[bytes, ...]:
         tokens = self.auth.tokens
@@ -153,7 +161,7 @@ class Gateway:
         it). A replica that never had an agent is ready after ``ready_max_wait``, so that a rollout before any
         agent exists is not blocked.
         """
-        if self.tunnel.draining:
+        if self.draining:
             return False, "draining"
         if not self.kube_synced:
             return False, "waiting for the Kubernetes Node list"
@@ -294,7 +302,7 @@ class Gateway:
     # ------------------------------------------------------------ Kubernetes
 
     async def start_kubernetes(self) -> None:
-        from raven.kube import ConfigMapPublisher, LeaseElector, NodeWatcher, api_client
+        from raven.kube import ConfigMapPublisher, LeaseElector, NodeWatcher, api_client, leader_sink
 
         k = self.cfg.kubernetes
         self._kube_api = await api_client(k.kubeconfig)
@@ -322,19 +330,10 @@ class Gateway:
                 name = target.name if shard == 0 else f"{target.name}-{shard}"
                 publisher = ConfigMapPublisher(self._kube_api, target.namespace, name, target.key)
                 self.hosts.sinks.append((f"ConfigMap {target.namespace}/{name}", shard,
-                                         self._to_configmap(elector, publisher)))
+                                         leader_sink(elector, publisher)))
             self._background.append(asyncio.get_running_loop().create_task(elector.run(), name="lease"))
         log.info("watching edge Nodes (label %s%s)", k.pool_label, f", selector {k.node_selector}" if k.node_selector
                  else "")
-
-    @staticmethod
-    def _to_configmap(elector: LeaseElector, publisher: ConfigMapPublisher) -> Callable[[str], Awaitable[bool]]:
-        async def publish(content: str) -> bool:
-            if not elector.is_leader:
-                return False  # another replica holds the Lease and publishes
-            return await publisher.publish(content, allowed=lambda: elector.is_leader)
-
-        return publish
 
     async def start(self) -> None:
         gcpause.install()
@@ -353,7 +352,7 @@ class Gateway:
 
         front = web.Server(
             guarded_handler(self.front_guard, self._front_handle),
-            logger=httperrors.install("raven.gateway.http"),
+            logger=parsererrors.install("raven.gateway.http"),
             max_line_size=self.cfg.front.max_header_bytes,
             max_field_size=self.cfg.front.max_header_bytes,
             handler_cancellation=True,
@@ -369,16 +368,7 @@ class Gateway:
                                ssl_context=self.front_reloader.listener if self.front_reloader else None)
             await site.start()
             self._front_sites.append(site)
-        if self.auth.enabled:
-            log.info("front end: bearer tokens required (%d accepted)", len(self.auth.tokens.tokens())
-                     if self.auth.tokens else 0)
-        elif self.front_reloader is not None:
-            log.info("front end: client certificates required (TLS)")
-        elif self.cfg.front.auth.mode == "none":
-            log.warning("front end: NO credentials required (front.auth.mode: none): anything that reaches %s can "
-                        "scrape every edge node; limit it with a NetworkPolicy", self.cfg.front.listen)
-        else:
-            log.info("front end: no credentials required (it listens on loopback only)")
+        log.log(*self.auth.describe(self.front_reloader is not None, self.cfg.front.auth.mode, self.cfg.front.listen))
 
         self._runners.append(
             await start_ops_server(
@@ -407,7 +397,7 @@ class Gateway:
     async def _front_handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The front end's handler: the proxy's, and while draining every answer closes its connection."""
         resp = await self.proxy.handle(request)
-        if self.tunnel.draining:
+        if self.draining:
             resp.force_close()  # not prepared yet: "Connection: close" in its head; else a close after it
         return resp
 
@@ -446,8 +436,9 @@ class Gateway:
         self._stopped.set()
 
     async def stop(self) -> None:
-        sessions = [s.session for s in self.registry.sessions.values()]
-        await asyncio.gather(*(s.close("gateway stopping", 9) for s in sessions), return_exceptions=True)
+        tunnels = [s.session for s in self.registry.sessions.values()]
+        await asyncio.gather(*(t.close("gateway stopping", wire.ResetCode.DRAINING) for t in tunnels),
+                             return_exceptions=True)
         await self.reloader.stop()
         if self.front_reloader is not None:
             await self.front_reloader.stop()

@@ -53,7 +53,7 @@ def succeeded(code: str) -> bool:
 _OK = frozenset(str(code) for code in range(200, 400))  # succeeded(), as one set lookup per node
 
 
-class BadQuery(RavenError, ValueError):
+class BadStatusQuery(RavenError, ValueError):
     """A /status query the gateway will not answer (the message says why)."""
 
 
@@ -77,29 +77,29 @@ class StatusQuery(NamedTuple):
 
 def _count(value: str, name: str, high: int) -> int:
     if not (value.isascii() and value.isdigit() and len(value) <= 9) or int(value) > high:
-        raise BadQuery(f"{name} must be a whole number from 0 to {high}, got {value[:20]!r}")
+        raise BadStatusQuery(f"{name} must be a whole number from 0 to {high}, got {value[:20]!r}")
     return int(value)
 
 
 def parse_query(keys: Sequence[str], getall: Callable[[str, list[str]], list[str]]) -> StatusQuery:
-    """The filters and page asked for (``?pool=`` and ``?state=`` repeatable); BadQuery says what is wrong."""
+    """The filters and page asked for (``?pool=`` and ``?state=`` repeatable); BadStatusQuery says what is wrong."""
     unknown = sorted(set(keys) - set(PARAMETERS))
     if unknown:
-        raise BadQuery(f"unknown parameter(s) {[u[:40] for u in unknown[:5]]}: /status takes "
+        raise BadStatusQuery(f"unknown parameter(s) {[u[:40] for u in unknown[:5]]}: /status takes "
                        f"{', '.join(p + '=' for p in PARAMETERS)}")
     pools = [p for p in getall("pool", []) if p]
     if len(pools) > 64 or any(len(p) > 63 for p in pools):
-        raise BadQuery("pool: at most 64 pools of at most 63 characters each")
+        raise BadStatusQuery("pool: at most 64 pools of at most 63 characters each")
     states = [s for s in getall("state", []) if s]
     for s in states:
         if s not in STATES:
-            raise BadQuery(f"state must be one of {', '.join(STATES)}, got {s[:20]!r}")
+            raise BadStatusQuery(f"state must be one of {', '.join(STATES)}, got {s[:20]!r}")
     qs = getall("q", [])
     if len(qs) > 1 or any(len(q) > 253 for q in qs):
-        raise BadQuery("q: one part of a node name, at most 253 characters")
+        raise BadStatusQuery("q: one part of a node name, at most 253 characters")
     limits, offsets = getall("limit", []), getall("offset", [])
     if len(limits) > 1 or len(offsets) > 1:
-        raise BadQuery("limit and offset: once each")
+        raise BadStatusQuery("limit and offset: once each")
     return StatusQuery(frozenset(pools), qs[0].strip().lower() if qs else "", frozenset(states),
                        _count(limits[0], "limit", MAX_LIMIT) if limits else DEFAULT_LIMIT,
                        _count(offsets[0], "offset", 10**8) if offsets else 0)

@@ -14,8 +14,8 @@ import logging
 from aiohttp import web
 
 from raven.aio import cancel_and_wait
-from raven.transport.guard import ConnectionGuard
-from raven.transport.session import Stream, StreamReset
+from raven.http.guard import ConnectionGuard
+from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 

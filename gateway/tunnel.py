@@ -26,7 +26,7 @@ from raven.protocol.control import ControlDispatcher
 from raven.protocol.errors import RemoteProtocolError
 from raven.refusals import HandshakeRefused, Reason, Refusal, handshake_reason
 from raven.transport.connect import accept
-from raven.transport.session import Stream
+from raven.transport.tunnel import Stream
 from raven.transport.websocket import messages
 
 log = logging.getLogger("raven.gateway.tunnel")
@@ -81,7 +81,6 @@ class TunnelEndpoint:
         # Since when this replica has held no agent session after having held some (None: it holds some, or
         # never had any since it started).
         self.empty_since: float | None = None
-        self._tls_logged: dict[str, tuple[float, int]] = {}
         self._log = RateLimitedLog(log)
         self.layer3: GatewayLayer3 | None = None  # set by the service when layer3.enabled
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
@@ -97,30 +96,22 @@ class TunnelEndpoint:
                                      (self.routes_buckets, cfg.register_rate, cfg.register_burst)):
             buckets.rate, buckets.burst = rate, float(burst)
 
-    TLS_LOG_EVERY = 60.0  # seconds: the same TLS failure is logged once per interval, with a count
-
     def tls_failed(self, exc: ssl.SSLError) -> None:
         """A TLS handshake on the tunnel port failed (called from the TLS layer, no peer address known).
 
         Counted as ``tls <code>``: the code is OpenSSL's reason code (``CERTIFICATE_VERIFY_FAILED``,
         ``HTTP_REQUEST``, ...), a fixed word from the library's own table, never text the peer sent, so the
-        label set stays bounded (and cut to 40 characters)."""
+        label set stays bounded (and cut to 40 characters). Logged like every line a peer can cause: once a
+        minute for each reason, with a count of the ones held back (raven/lograte.py)."""
         reason = str(exc.reason or type(exc).__name__)
         self.metrics.handshake_failures.labels(f"tls {reason}"[:40]).inc()
-        now = time.monotonic()
-        last, suppressed = self._tls_logged.get(reason, (-self.TLS_LOG_EVERY, 0))
-        if now - last < self.TLS_LOG_EVERY:
-            self._tls_logged[reason] = (last, suppressed + 1)
-            return
-        self._tls_logged[reason] = (now, 0)
         detail = getattr(exc, "verify_message", "") or reason
         hint = ""
         if reason == "CERTIFICATE_VERIFY_FAILED":
             hint = " (a client certificate not signed by this gateway's CA, or expired)"
         elif reason in ("HTTP_REQUEST", "WRONG_VERSION_NUMBER"):
             hint = " (plain HTTP or another protocol sent to the TLS tunnel port)"
-        more = f"; {suppressed} more like it in the last {self.TLS_LOG_EVERY:.0f}s" if suppressed else ""
-        log.warning("TLS handshake on the tunnel port failed: %s%s%s", detail, hint, more)
+        self._log.warning("tls", reason, "TLS handshake on the tunnel port failed: %s%s", detail, hint)
 
     def _refuse(self, peer: str, reason: Reason, text: str) -> web.Response:
         """Refuse the upgrade request itself: the answer has the reason's status and the text as its body."""

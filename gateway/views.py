@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import discovery, status, statuspage
 from gateway.nodeview import NodeView
@@ -25,7 +25,12 @@ from raven.ops.pages import Built, Page, PageCache, Render
 from raven.protocol.state import SessionState
 
 if TYPE_CHECKING:
-    from gateway.service import Gateway
+    from gateway.auth import FrontAuth
+    from gateway.layer3 import GatewayLayer3
+    from gateway.registry import Registry
+    from raven.config import GatewayConfig
+    from raven.dns.publisher import HostsPublisher
+    from raven.ops.metrics import GatewayMetrics
 
 JSON = "application/json; charset=utf-8"
 HTML = "text/html; charset=utf-8"
@@ -37,8 +42,29 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+class GatewayState(Protocol):
+    """What the ops views and the ops API read of the running gateway (gateway/service.py's ``Gateway`` is one),
+    read at each request so that a reload shows."""
+
+    cfg: GatewayConfig
+    registry: Registry
+    pools: Pools
+    hosts: HostsPublisher
+    auth: FrontAuth
+    metrics: GatewayMetrics
+    layer3: GatewayLayer3 | None
+    kube_synced: bool
+    started_wall: float
+
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def last(self) -> Mapping[str, status.NodeResult]: ...
+    def ready(self) -> tuple[bool, str]: ...
+
+
 class Views:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayState) -> None:
         self.gw = gw
         self.sd_pages = PageCache(max_age=KEEP, size=8)  # per query: a Prometheus job asks one URL
         self.nodes_pages = PageCache(max_age=KEEP, size=2)
@@ -145,7 +171,7 @@ class Views:
             sessions += [{**common, "pool": name} for name in sorted(sess.pools)]
         inp = status.StatusInput(
             replica=gw.cfg.replica_id, replicas=gw.cfg.replicas, started=gw.started_wall, ready=gw.ready(),
-            draining=gw.tunnel.draining, views=views, last=dict(gw.proxy.last), sessions=sessions,
+            draining=gw.draining, views=views, last=dict(gw.last), sessions=sessions,
             pools=copy.copy(gw.pools), refused=dict(reg.refused), refused_dropped=reg.refused_dropped,
             layer3=gw.layer3.status() if gw.layer3 is not None else None,
         )

@@ -54,9 +54,3 @@ class CheckError(RavenError, ValueError):
     """Bad input to ``raven dns check`` (a server or address that is not one)."""
 
     exit_code = 2
-
-
-class TestbedError(RavenError):
-    """The network-namespace testbed cannot run here (not root, a package missing, a command failed)."""
-
-    __test__ = False  # not a pytest test class

@@ -1,6 +1,7 @@
 """The `raven` command: gateway, agent, certs, routes, hosts, dns, status, demo.
 
-Size: one argparse tree and one small function per command; the commands' work lives in their own modules.
+One argparse tree and one small function per command; the commands' work lives in their own modules. This is
+the composition root: the one module of raven/ that starts the services (gateway/, agent/); nothing imports it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from raven.cli import certs, install
 from raven.cli import check as check_cmd
 from raven.config import AgentConfig, GatewayConfig, build
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
+from raven.http import parsererrors
 from raven.layer3 import noderoutes
-from raven.transport import httperrors
 
 log = logging.getLogger("raven")
 
@@ -38,7 +39,7 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
     )
     logsafe.install()  # every line redacted, escaped and bounded, whoever wrote it and whatever a peer sent
-    httperrors.install()  # aiohttp's lines about malformed requests: one short line per client and minute
+    parsererrors.install()  # aiohttp's lines about malformed requests: one short line per client and minute
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

@@ -5,7 +5,8 @@ variables (``RAVEN_<FIELD>``, nested with ``__``: ``RAVEN_TLS__CERT=/etc/raven/t
 then ``--set field.path=value`` and the dedicated flags. An invalid file fails at start
 with one line per problem naming the field, e.g. ``tunnel.listen: expected HOST:PORT``.
 
-The model lives in named modules: ``base`` (field types, TLS, tunnel limits, Kubernetes: shared by both),
+The model (on the base raven/model.py; node and pool names are raven/names.py) lives in named modules:
+``base`` (field types, TLS, tunnel limits, Kubernetes: shared by both),
 ``gateway``, ``agent``, and ``loading`` (file, environment, flags). Every name is re-exported here.
 """
 
@@ -16,18 +17,14 @@ from raven.config.base import (
     HostPort,
     KubeSettings,
     Method,
-    Model,
-    NodeName,
-    PoolName,
     Port,
     Seconds,
     TLSConfig,
     TunnelLimits,
-    split_host_port,
 )
 from raven.config.gateway import (
     ConfigMapTarget,
-    FrontAuth,
+    FrontAuthSettings,
     GatewayConfig,
     GatewayFront,
     GatewayTunnel,
@@ -43,7 +40,7 @@ __all__ = [
     "AgentGateway",
     "AgentNode",
     "ConfigMapTarget",
-    "FrontAuth",
+    "FrontAuthSettings",
     "GatewayConfig",
     "GatewayFront",
     "GatewayTunnel",
@@ -53,15 +50,11 @@ __all__ = [
     "KubeSettings",
     "LeaseSettings",
     "Method",
-    "Model",
     "NameRules",
-    "NodeName",
-    "PoolName",
     "Port",
     "Seconds",
     "TLSConfig",
     "TunnelLimits",
     "build",
     "load_tree",
-    "split_host_port",
 ]

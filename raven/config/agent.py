@@ -14,15 +14,14 @@ from raven.config.base import (
     HostPort,
     KubeSettings,
     Method,
-    Model,
-    NodeName,
-    PoolName,
     Port,
     Seconds,
     TLSConfig,
     TunnelLimits,
 )
-from raven.layer3.config import AgentLayer3
+from raven.layer3.config import AgentLayer3Settings
+from raven.model import Model
+from raven.names import NodeName, PoolName
 
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # "_" too: /etc/hosts and many DNS allow it
 
@@ -149,7 +148,9 @@ class AgentConfig(Model):
     limits: TunnelLimits = TunnelLimits()
     kubernetes: KubeSettings = KubeSettings()
     drain_grace: Seconds = 20.0
-    layer3: AgentLayer3 = Field(AgentLayer3(), description="IP for this pool over the tunnel (docs/layer3.md)")
+    layer3: AgentLayer3Settings = Field(
+        AgentLayer3Settings(), description="IP for this pool over the tunnel (docs/layer3.md)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     config_watch_interval: Seconds = Field(
         5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",

@@ -1,5 +1,6 @@
-"""What both services' configurations are built from: the model base, field types (host:port, node,
-pool and method names, ports, seconds), TLS files, the tunnel's limits and the Kubernetes settings.
+"""What both services' configurations are built from: field types (host:port, method names, ports,
+seconds; node and pool names are raven/names.py, the model base raven/model.py), TLS files, the tunnel's limits
+and the Kubernetes settings.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from raven.protocol import wire
+from raven.model import Model
 
 
 def _host_port(value: str) -> str:
@@ -21,21 +22,7 @@ def _host_port(value: str) -> str:
     return value
 
 
-def _node_name(value: str) -> str:
-    if not wire.valid_node_name(value):
-        raise ValueError(f"{value!r} is not a valid node name (RFC 1123: lower-case letters, digits, '-', '.')")
-    return value
-
-
-def _pool_name(value: str) -> str:
-    if not wire.valid_pool_name(value):
-        raise ValueError(f"{value!r} is not a valid pool name (an RFC 1123 label)")
-    return value
-
-
 HostPort = Annotated[str, AfterValidator(_host_port)]
-NodeName = Annotated[str, AfterValidator(_node_name)]
-PoolName = Annotated[str, AfterValidator(_pool_name)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
 
@@ -47,15 +34,6 @@ def _method(value: str) -> str:
 
 
 Method = Annotated[str, AfterValidator(_method)]
-
-
-def split_host_port(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TLSConfig(Model):

@@ -12,11 +12,13 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from raven import version
-from raven.config.base import HostPort, KubeSettings, Method, Model, PoolName, Port, Seconds, TLSConfig, TunnelLimits
+from raven.config.base import HostPort, KubeSettings, Method, Port, Seconds, TLSConfig, TunnelLimits
 from raven.config.pools import DirectHosts, PoolDefaults, PoolSettings, pools_nodes_unique
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
-from raven.dns.shards import TYPICAL_NAME_LENGTH, typical_capacity
-from raven.layer3.config import GatewayLayer3
+from raven.dns.shards import MAX_SHARDS, TYPICAL_NAME_LENGTH, typical_capacity
+from raven.layer3.config import GatewayLayer3Settings
+from raven.model import Model
+from raven.names import PoolName
 
 
 class GatewayTunnel(Model):
@@ -43,7 +45,7 @@ class GatewayTunnel(Model):
         return value
 
 
-class FrontAuth(Model):
+class FrontAuthSettings(Model):
     mode: Literal["bearer", "none"] | None = Field(
         None, description="'bearer': clients need a token from token_files (the default when token_files are "
         "given); 'none': the front end is open (allowed on a non-loopback address only when written explicitly)",
@@ -55,7 +57,7 @@ class FrontAuth(Model):
     reload_interval: Seconds = Field(2.0, description="how often to look for changed token files")
 
     @model_validator(mode="after")
-    def _consistent(self) -> FrontAuth:
+    def _consistent(self) -> FrontAuthSettings:
         if self.mode == "none" and self.token_files:
             raise ValueError("mode 'none' with token_files: remove one of them")
         if self.mode == "bearer" and not self.token_files:
@@ -139,7 +141,9 @@ class GatewayFront(Model):
         "that they keep working while the front end is saturated",
     )
 
-    auth: FrontAuth = Field(FrontAuth(), description="who may use the front end and the inventory endpoints")
+    auth: FrontAuthSettings = Field(
+        FrontAuthSettings(), description="who may use the front end and the inventory endpoints",
+    )
     tls: TLSConfig | None = Field(
         None, description="serve the front end over TLS and require a client certificate signed by tls.ca",
     )
@@ -192,7 +196,7 @@ class HostsSettings(Model):
     lease: LeaseSettings = LeaseSettings()
     debounce: Seconds = Field(1.0, description="wait this long after a change before publishing")
     shards: int = Field(
-        1, ge=1, le=10,
+        1, ge=1, le=MAX_SHARDS,
         description="split the hosts file in this many files or ConfigMaps, past one ConfigMap's 1 MiB (about "
         f"{_CAPACITY[0]:,} names of {TYPICAL_NAME_LENGTH} characters with one IPv4 service address, {_CAPACITY[1]:,} "
         "with IPv4 and IPv6): shard k >= 1 goes to <file>.<k> and ConfigMap <name>-<k>, each read by a CoreDNS server "
@@ -290,7 +294,9 @@ class GatewayConfig(Model):
     config_watch_interval: Seconds = Field(
         5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",
     )
-    layer3: GatewayLayer3 = Field(GatewayLayer3(), description="IP between the cloud and the pools (docs/layer3.md)")
+    layer3: GatewayLayer3Settings = Field(
+        GatewayLayer3Settings(), description="IP between the cloud and the pools (docs/layer3.md)",
+    )
     pools: dict[PoolName, PoolSettings] = Field(
         default_factory=dict, description="per pool: how it is reached (reach: tunnel | direct | layer3), whether "
         "its agents compress, and the nodes of a direct pool outside Kubernetes (raven/config/pools.py)",

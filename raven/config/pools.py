@@ -18,21 +18,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from raven.config.base import NodeName
 from raven.layer3.config import IPAddress
+from raven.model import Model
+from raven.names import NodeName
 
 Reach = Literal["tunnel", "direct", "layer3"]
 REACHES: tuple[Reach, ...] = ("tunnel", "direct", "layer3")
 DirectHosts = Literal["omit", "internal-ip"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PoolNode(_Model):
+class PoolNode(Model):
     """A node of a pool the gateway cannot learn from an agent (direct or layer-3 pools outside Kubernetes)."""
 
     name: NodeName
@@ -41,7 +38,7 @@ class PoolNode(_Model):
     )
 
 
-class PoolSettings(_Model):
+class PoolSettings(Model):
     reach: Reach | None = Field(
         None, description="tunnel | direct | layer3; unset: from the pool's Nodes' labels in Kubernetes, else "
         "pool_defaults.reach",
@@ -67,7 +64,7 @@ class PoolSettings(_Model):
         return self
 
 
-class PoolDefaults(_Model):
+class PoolDefaults(Model):
     reach: Reach = Field("tunnel", description="the reach of a pool that is neither listed nor labelled")
     compress: bool = Field(
         True, description="whether tunnel pools' agents may gzip responses (off where the uplink is free)",

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from raven.dns.hosts import CONFIGMAP_MAX_BYTES, Address, check_names, render_checked, service_addresses
+from raven.dns.hosts import CONFIGMAP_MAX_BYTES, HEADER_ROOM, Address, check_names, render_checked, service_addresses
 
 # A name's last character is one of these (RFC 1123: letters, digits; names are lower case here).
 LAST_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 MAX_SHARDS = 10  # the digits each get a shard at most; letters go round the same shards
-HEADER_BYTES = 4096  # room for a file's comment lines
 # The capacity people are told (README.md, deploy/coredns/README.md, deploy/examples/gateway.yaml, hosts.shards's
 # description; tests/unit/test_docs_agree.py holds them to it): names of this length ("edge-gpu-12345") with a
 # Service's ClusterIPs of these lengths.
@@ -95,7 +94,7 @@ def line_bytes(name: str, addresses: Sequence[str]) -> int:
 def ceiling(addresses: Sequence[str], name_length: int, limit: int = CONFIGMAP_MAX_BYTES) -> int:
     """How many names of ``name_length`` characters one ConfigMap holds with these service addresses."""
     per_name = line_bytes("x" * name_length, addresses)
-    return (limit - HEADER_BYTES) // max(1, per_name)
+    return (limit - HEADER_ROOM) // max(1, per_name)
 
 
 def typical_capacity() -> tuple[int, int]:

@@ -27,22 +27,19 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from raven.config.base import PoolName
 from raven.config.loading import load_tree
 from raven.config.pools import Reach
 from raven.errors import ConfigError
+from raven.model import Model
+from raven.names import PoolName
 
 MAX_POOLS = 1000
 DEFAULT_IMAGE = "raven-tunnel:0.1.0"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PoolAnswer(_Model):
+class PoolAnswer(Model):
     name: PoolName
     reach: Reach = "tunnel"
     node_selector: dict[str, str] = Field(
@@ -84,7 +81,7 @@ class PoolAnswer(_Model):
         return dict(self.node_selector) or {pool_label: self.name}
 
 
-class Answers(_Model):
+class Answers(Model):
     service_address: str
     image: str = DEFAULT_IMAGE
     certificates: Literal["cert-manager", "raven"] = "cert-manager"

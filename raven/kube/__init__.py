@@ -15,7 +15,7 @@ The parts: ``client`` (the API client, calls with deadlines, error mapping), ``n
 from __future__ import annotations
 
 from raven.kube.client import MANAGED_BY, MAX_BACKOFF, KubeApiError, api_client
-from raven.kube.configmap import ConfigMapPublisher
+from raven.kube.configmap import ConfigMapPublisher, leader_sink
 from raven.kube.lease import LeaseElector, format_microtime, parse_time
 from raven.kube.nodes import KubeNode, NodeWatcher
 
@@ -29,5 +29,6 @@ __all__ = [
     "NodeWatcher",
     "api_client",
     "format_microtime",
+    "leader_sink",
     "parse_time",
 ]

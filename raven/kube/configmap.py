@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -17,6 +17,7 @@ from kubernetes_asyncio.client import ApiClient
 from raven.dns.hosts import CONFIGMAP_MAX_BYTES
 from raven.errors import KubeError
 from raven.kube.client import MANAGED_BY, KubeApiError, call_json, describe
+from raven.kube.lease import LeaseElector
 
 log = logging.getLogger("raven.kube")
 
@@ -120,3 +121,14 @@ class ConfigMapPublisher:
             return True
         raise KubeError(f"ConfigMap {self.namespace}/{self.name}: still conflicting after {self.attempts} attempts "
                         f"({last})")
+
+
+def leader_sink(elector: LeaseElector, publisher: ConfigMapPublisher) -> Callable[[str], Awaitable[bool]]:
+    """A hosts-file sink that writes the ConfigMap only while this replica holds the Lease (else: not written)."""
+
+    async def publish(content: str) -> bool:
+        if not elector.is_leader:
+            return False  # another replica holds the Lease and publishes
+        return await publisher.publish(content, allowed=lambda: elector.is_leader)
+
+    return publish

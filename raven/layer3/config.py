@@ -24,7 +24,8 @@ that a lone packet (a ping, an ACK, a small request) then costs one segment and 
 the packets leave the far end onto ordinary 1500-byte networks without fragmentation. Where both ends' networks
 carry jumbo frames, raise ``mtu`` (up to 65535): fewer, larger packets cost less per byte.
 
-Size: the MTU arithmetic, field types with their checks, three sections, and the error formatting.
+What is here: the MTU arithmetic, the field types with their checks, the gateway's, the agent's and the routes
+command's sections, and the wording of their errors.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 
 from raven.errors import ConfigError
-from raven.layer3.policy import Policy, PolicyError
+from raven.layer3.policy import ForwardingPolicy, PolicyError
 from raven.layer3.tun import DEFAULT_BATCH, DEFAULT_DEVICE, MAX_BATCH, valid_device_name
+from raven.model import Model
+from raven.names import PoolName
 from raven.unknownkeys import EXTRA, unknown_setting
 
 # ---------------------------------------------------------------- the MTU arithmetic (see the docstring)
@@ -60,10 +63,6 @@ RAVEN_TABLE = 0x5241  # 21057 ("RA"): Raven's own routing table on non-gateway n
 RAVEN_RULE_PRIORITY = 0x5241  # 21057: before the main table's rule (32766), after the local table's (0)
 RAVEN_PROTO = 0x52  # 82 ("R"): the rtm_protocol marking every route Raven installs, so that it finds its own
 RESERVED_TABLES = {0: "unspec", 253: "default", 254: "main", 255: "local"}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _cidr(value: str) -> str:
@@ -103,12 +102,6 @@ def _ip(value: str) -> str:
         raise ValueError(f"{value!r} is not an IPv4 or IPv6 address") from None
 
 
-def _pool(value: str) -> str:
-    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", value):
-        raise ValueError(f"{value!r} is not a valid pool name (an RFC 1123 label)")
-    return value
-
-
 def _table(value: int) -> int:
     if value in RESERVED_TABLES:
         raise ValueError(f"table {value} is the kernel's {RESERVED_TABLES[value]!r} table; choose another")
@@ -119,7 +112,6 @@ CIDR = Annotated[str, AfterValidator(_cidr)]
 Interface = Annotated[str, AfterValidator(_interface)]
 DeviceName = Annotated[str, AfterValidator(_device)]
 IPAddress = Annotated[str, AfterValidator(_ip)]
-PoolName = Annotated[str, AfterValidator(_pool)]
 MTU = Annotated[int, Field(ge=576, le=65535, description="MTU of the TUN device; default derived from the "
                                                            "tunnel's overhead (docs/layer3.md)")]
 Table = Annotated[int, Field(ge=1, le=2**32 - 1), AfterValidator(_table)]
@@ -143,14 +135,14 @@ def _unique(name: str, values: list[str]) -> None:
         seen.add(v)
 
 
-class PoolLayer3(_Model):
+class PoolLayer3(Model):
     cidrs: list[CIDR] = Field(
         min_length=1, description="the pool's node and pod ranges; routed to the pool only where its certificate "
         "allows them too",
     )
 
 
-class GatewayLayer3(_Model):
+class GatewayLayer3Settings(Model):
     enabled: bool = Field(False, description="carry IP packets between the cloud and the pools (needs CAP_NET_ADMIN)")
     device: DeviceName = Field(DEFAULT_DEVICE, description="name of the TUN device")
     mtu: MTU = DEFAULT_MTU
@@ -172,7 +164,7 @@ class GatewayLayer3(_Model):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> GatewayLayer3:
+    def _consistent(self) -> GatewayLayer3Settings:
         if self.enabled and not self.addresses:
             raise ValueError("addresses: layer 3 is enabled but the device has no address")
         _unique("cloud_cidrs", self.cloud_cidrs)
@@ -194,14 +186,14 @@ class GatewayLayer3(_Model):
                     raise ValueError(f"addresses: {address} lies in pool {pool}'s CIDRs; use an address of the cloud")
         return self
 
-    def policy(self, certificate_cidrs: Mapping[str, list[str]] | None = None) -> Policy:
+    def policy(self, certificate_cidrs: Mapping[str, list[str]] | None = None) -> ForwardingPolicy:
         """The forwarding policy; ``certificate_cidrs`` (per pool, from its certificate) narrows the pools'."""
-        return Policy(
+        return ForwardingPolicy(
             self.cloud_cidrs, {p: c.cidrs for p, c in self.pools.items()}, certificate_cidrs, self.edge_to_edge,
         )
 
 
-class AgentLayer3(_Model):
+class AgentLayer3Settings(Model):
     enabled: bool = Field(False, description="carry IP packets for this pool (needs CAP_NET_ADMIN)")
     device: DeviceName = Field(DEFAULT_DEVICE, description="name of the TUN device")
     mtu: MTU = DEFAULT_MTU
@@ -231,7 +223,7 @@ class AgentLayer3(_Model):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> AgentLayer3:
+    def _consistent(self) -> AgentLayer3Settings:
         if self.enabled and not self.addresses:
             raise ValueError("addresses: layer 3 is enabled but the device has no address")
         if self.enabled and not self.cidrs:
@@ -255,7 +247,7 @@ class AgentLayer3(_Model):
         return self
 
 
-class RoutesLayer3(_Model):
+class RoutesLayer3(Model):
     """``raven routes``: send the remote CIDRs to the local gateway node (Raven's own table and rule)."""
 
     gateway: IPAddress = Field(description="the local gateway node's address (on this node's network)")

@@ -8,7 +8,7 @@ With ``netns=None`` the function runs in the calling thread, in the process's ow
 
 Python 3.11 has no ``os.setns``; libc's is called through ctypes.
 
-Size: one helper and the namespace path check.
+What is here: entering a namespace for a call, and the check of a namespace's path.
 """
 
 from __future__ import annotations

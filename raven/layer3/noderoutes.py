@@ -21,7 +21,7 @@ The gateway node must be on this node's network (the kernel wants the next hop o
 Wiring: :func:`add_parser` adds the ``routes`` command to a ``raven`` command line; :func:`run` is the
 command; ``python -m raven.layer3.noderoutes`` runs it on its own.
 
-Size: the command line, the settings it builds, and the loop.
+What is here: the command line, the settings it builds, and the reconcile loop.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ source and destination addresses straight out of the buffer (``struct.unpack_fro
 memoryview slice, no copy of the packet), checks that the lengths the header claims fit the buffer, and returns
 them as integers. Anything else raises :class:`PacketError` (a ``ValueError``), nothing else.
 
-Size: one function per IP version, a dispatcher, and the formatting used in log lines.
+What is here: one reader per IP version, the dispatch by version, and the packet's words in log lines.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ The rules (the gateway's side of issue 12):
 
 Drop reasons are the fixed labels of :class:`Drop` (metric label values).
 
-Size: the drop labels, CIDR arithmetic done at build time, the prefix table, and the policy's two checks.
+What is here: the drop labels, the CIDR arithmetic done once at build time, the prefix table, and the policy's
+two checks (from a pool, from the cloud).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ _DROPS = {d: Verdict(None, d) for d in Drop}
 _TO_CLOUD = Verdict(CLOUD, None)
 
 
-class Policy:
+class ForwardingPolicy:
     """The gateway's forwarding policy; see the module docstring for the rules."""
 
     def __init__(

@@ -19,7 +19,7 @@ logged). :func:`forwarding_sysctls` lists what a gateway node needs.
 
 Every pyroute2 socket is opened in an ``async with`` and so closed on every path.
 
-Size: the wanted-state types, the reconcile of routes and of rules, and the sysctls.
+What is here: the wanted state, the reconcile of routes and of rules toward it, and the sysctls they need.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ semantics: the sender's TCP retransmits.
 
 Every pyroute2 socket is opened in an ``async with`` and so closed on every path.
 
-Size: the ioctls, the open/reconcile sequence, the pump and the counters.
+What is here: the TUN ioctls, opening and reconciling the device, the packet pump and its counters.
 """
 
 from __future__ import annotations

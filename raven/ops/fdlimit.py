@@ -1,7 +1,7 @@
 """The start-up check of open-file descriptors: what a configuration needs against RLIMIT_NOFILE.
 
 Each service adds up what its configuration may hold open at once (its connection caps and a reserve), raises
-its soft limit to the hard one (:func:`raven.transport.listener.descriptor_budget`), and says at start, in one
+its soft limit to the hard one (:func:`raven.http.listener.descriptor_budget`), and says at start, in one
 line a person can act on, when the limit is lower than the need. Kubernetes has no field for the limit: it is
 the container runtime's (containerd and CRI-O pass their own LimitNOFILE to containers, often 1048576, or a
 soft 1024 with a higher hard limit, which the service raises itself); docs/performance.md says how to check and
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from raven.transport.listener import descriptor_budget
+from raven.http.listener import descriptor_budget
 
 log = logging.getLogger("raven.fdlimit")
 

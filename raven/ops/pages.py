@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from raven.aio import retrieve_exception
-from raven.httpcoding import accepts_gzip, gzip_bytes
+from raven.http.coding import accepts_gzip, gzip_bytes
 
 GZIP_LEVEL = 6  # once per change, in a thread: the size matters more than the CPU (a 1 MB page: ~10 ms at 6)
 

@@ -7,13 +7,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from raven.config import split_host_port
+from raven.hostport import split_host_port
+from raven.http.guard import ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, guard_middleware
 from raven.ops.pages import Built, Page, PageCache, respond
-from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guard_middleware
 
 # The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood
 # there from costing the other listeners their descriptors. Full, it admits a new connection by closing a
-# waiting one of the client holding the most (raven/transport/eviction.py): connections held from any number
+# waiting one of the client holding the most (raven/http/eviction.py): connections held from any number
 # of addresses cannot keep the kubelet's probes (a new connection each) or a Prometheus out. A request head owed
 # for over a second counts as waiting: the kubelet's and Prometheus's follow their connect within milliseconds.
 OPS_LIMITS = GuardLimits(head_timeout=10.0, idle_timeout=120.0, max_connections=512, max_per_client=64,

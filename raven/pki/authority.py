@@ -17,14 +17,13 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from raven.errors import PKIError
+from raven.names import MAX_NAME, valid_label
 from raven.pki.common import (
     AGENT_URI_PREFIX,
     CA_CERT_FILE,
     CA_KEY_FILE,
     CIDR_URI_PREFIX,
     CLOCK_SKEW,
-    LABEL_RE,
-    MAX_DNS_NAME,
     POOL_URI_PREFIX,
     ROLES,
     dedupe,
@@ -40,7 +39,7 @@ from raven.pki.common import (
 
 
 def _check_label(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not LABEL_RE.fullmatch(value):
+    if not isinstance(value, str) or not valid_label(value):
         raise PKIError(
             f"invalid {kind} {value!r}: must be an RFC 1123 label (1-63 characters: lowercase letters, "
             "digits and '-', starting and ending with a letter or digit)"
@@ -54,7 +53,7 @@ def _check_dns_name(kind: str, value: str, *, allow_wildcard: bool) -> str:
     labels = value.split(".")
     if allow_wildcard and len(labels) > 1 and labels[0] == "*":
         labels = labels[1:]
-    ok = 0 < len(value) <= MAX_DNS_NAME and all(LABEL_RE.fullmatch(label) for label in labels)
+    ok = 0 < len(value) <= MAX_NAME and all(map(valid_label, labels))
     if not ok:
         raise PKIError(
             f"invalid {kind} {value!r}: must be a lowercase DNS name such as 'gateway.example.com' "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,8 +28,6 @@ ROLES = ("gateway", "agent")
 #: Leaf certificates start this long before "now" so that peers with a slow clock accept them.
 CLOCK_SKEW = dt.timedelta(minutes=5)
 
-LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-MAX_DNS_NAME = 253
 
 
 def fmt_time(when: dt.datetime) -> str:

@@ -1,6 +1,6 @@
 """Both ends of the tunnel's handshake over a WebSocket, for both services: :func:`connect` (the agent) and
 :func:`accept` (the gateway). Each drives its side of the one sans-I/O connection (raven/protocol/handshake.py:
-HANDSHAKE to OPEN) and returns it ready in a :class:`raven.transport.session.Session`, not yet running: the caller
+HANDSHAKE to OPEN) and returns it ready in a :class:`raven.transport.tunnel.Tunnel`, not yet running: the caller
 attaches its handlers, then awaits ``session.run(messages(ws))``. Every wait has the handshake's deadline.
 """
 
@@ -17,14 +17,14 @@ from raven.protocol import wire
 from raven.protocol.errors import HandshakeCode, RemoteProtocolError
 from raven.protocol.handshake import ClientConnection, ServerConnection
 from raven.refusals import HandshakeRefused
-from raven.transport.session import Session
+from raven.transport.tunnel import Tunnel
 from raven.transport.websocket import WebSocketSink
 
 GOAWAY_SEND_TIMEOUT = 2.0  # seconds: a refusal's GOAWAY is sent best effort
 
 
 async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, limits: wire.Limits,
-                  timeout: float) -> tuple[Session, wire.Welcome]:
+                  timeout: float) -> tuple[Tunnel, wire.Welcome]:
     """The agent's side: send HELLO, read WELCOME within ``timeout``; the session is named after the replica.
 
     Raises :class:`RemoteProtocolError` (a GOAWAY, a bad answer, the connection closed) or ``TimeoutError``.
@@ -45,12 +45,12 @@ async def connect(ws: aiohttp.ClientWebSocketResponse, hello: wire.Hello, *, lim
         raise err
     welcome = conn.receive_welcome(msg.data, asyncio.get_running_loop().time())
     sock = ws.get_extra_info("socket")  # the tunnel's TCP socket: paced (raven/transport/pacer.py)
-    return Session(WebSocketSink(ws), conn, name=f"gw:{welcome.replica}", sock=sock), welcome
+    return Tunnel(WebSocketSink(ws), conn, name=f"gw:{welcome.replica}", sock=sock), welcome
 
 
 async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.Welcome],
                  refused: Callable[[RemoteProtocolError | HandshakeRefused, bool], None], *, limits: wire.Limits,
-                 timeout: float) -> tuple[Session, wire.Hello]:
+                 timeout: float) -> tuple[Tunnel, wire.Hello]:
     """The gateway's side: read HELLO within ``timeout``, ask ``admit`` (the gateway's policy: it returns the
     WELCOME or raises :class:`HandshakeRefused`), answer WELCOME; the session is named after the agent.
 
@@ -86,5 +86,5 @@ async def accept(ws: web.WebSocketResponse, admit: Callable[[wire.Hello], wire.W
     conn.accept(welcome, asyncio.get_running_loop().time())
     for message in conn.data_to_send():
         await ws.send_bytes(message)
-    return Session(WebSocketSink(ws), conn, name=f"{hello.agent}/{hello.session[:8]}",
+    return Tunnel(WebSocketSink(ws), conn, name=f"{hello.agent}/{hello.session[:8]}",
                    sock=ws.get_extra_info("socket")), hello

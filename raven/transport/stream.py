@@ -1,6 +1,6 @@
 """One stream of a session, as the services use it: reads and writes that await the session's events.
 
-A :class:`Stream` is made and woken by its session (raven/transport/session.py), which calls the methods under
+A :class:`Stream` is made and woken by its session (raven/transport/tunnel.py), which calls the methods under
 "the session's events"; the service awaits :meth:`Stream.head`, :meth:`Stream.read`, :meth:`Stream.write`.
 Reading returns credit to the peer as the consumer takes data; writing waits for credit and for room in the
 session's send queue. What a stream asks of its session is the small :class:`Link` surface below, so this module

@@ -26,7 +26,7 @@ class WebSocketSink:
 
 class TransportError(RavenError, ConnectionError):
     """The WebSocket under a session broke (an error, or a message type a session does not carry). A
-    ``ConnectionError`` too: ``Session.run`` ends the session on it as on any lost connection."""
+    ``ConnectionError`` too: ``Tunnel.run`` ends the session on it as on any lost connection."""
 
 
 class messages:

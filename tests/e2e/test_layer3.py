@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from raven.errors import TestbedError
+from tests.support.errors import TestbedError
 from tests.support.l3testbed import (
     CLOUD_CIDR,
     CLOUD_NS,

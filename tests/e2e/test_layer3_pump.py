@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from raven.layer3.config import DEFAULT_MTU
-from raven.layer3.policy import Drop, Policy
+from raven.layer3.policy import Drop, ForwardingPolicy
 from raven.layer3.routes import MAIN_TABLE, Route, RouteManager
 from raven.layer3.tun import TunDevice
 from tests.support.layer3 import PYTHON, Namespaces, Netns, namespaces, needs_netns
@@ -27,9 +27,10 @@ POOL = "site-a"
 
 
 class Bridge:
-    """The tunnel's stand-in: edge → cloud through ``Policy.from_pool``, cloud → edge through ``from_cloud``."""
+    """The tunnel's stand-in: edge → cloud through ``ForwardingPolicy.from_pool``, cloud → edge through
+    ``from_cloud``."""
 
-    def __init__(self, edge: TunDevice, cloud: TunDevice, policy: Policy) -> None:
+    def __init__(self, edge: TunDevice, cloud: TunDevice, policy: ForwardingPolicy) -> None:
         self.edge, self.cloud, self.policy = edge, cloud, policy
         self.drops: Counter[Drop] = Counter()
         self.batches: Counter[int] = Counter()
@@ -73,7 +74,8 @@ class Bed:
 async def bed() -> AsyncIterator[Bed]:
     async with namespaces() as nets:
         edge, cloud = nets.new("edge"), nets.new("cloud")
-        policy = Policy(cloud_cidrs=["10.77.2.0/24", "fd77:2::/64"], pool_cidrs={POOL: ["10.77.1.0/24", "fd77:1::/64"]})
+        policy = ForwardingPolicy(cloud_cidrs=["10.77.2.0/24", "fd77:2::/64"],
+                                  pool_cidrs={POOL: ["10.77.1.0/24", "fd77:1::/64"]})
         a = await TunDevice.open("raven0", addresses=[f"{EDGE_V4}/24", f"{EDGE_V6}/64"], mtu=DEFAULT_MTU,
                                  netns=edge.name)
         try:

@@ -21,7 +21,7 @@ from agent.checks import Policy
 from agent.forwarder import Forwarder
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
-from raven.transport.session import Session, StreamReset
+from raven.transport.tunnel import StreamReset, Tunnel
 from tests.support.memsession import pair
 
 pytestmark = [pytest.mark.integration]
@@ -48,7 +48,7 @@ def dead_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def scrape(gw: Session, node: str, port: int) -> int:
+async def scrape(gw: Tunnel, node: str, port: int) -> int:
     """One GET through the tunnel: the status, or 0 when the agent reset the stream."""
     stream = gw.open_stream(wire.Open(0, wire.StreamKind.HTTP, node, port, "GET", "/metrics",
                                       (("host", f"{node}:{port}"),), True))

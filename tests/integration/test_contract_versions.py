@@ -20,7 +20,7 @@ from agent.checks import Policy
 from agent.forwarder import Forwarder
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import Open, OpenFields, handshake, wire
-from raven.transport.session import OpenHandler, Session, StreamReset
+from raven.transport.tunnel import OpenHandler, StreamReset, Tunnel
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.memsession import QueueSink, drain
 from tests.support.polling import eventually
@@ -71,7 +71,7 @@ async def node() -> AsyncIterator[tuple[HoldingNode, str, int]]:
 
 
 async def negotiated_pair(on_open: OpenHandler, agent_speaks: tuple[int, ...]
-                          ) -> tuple[Session, Session, list[asyncio.Task[None]]]:
+                          ) -> tuple[Tunnel, Tunnel, list[asyncio.Task[None]]]:
     """Gateway and agent sessions built by the handshake (the agent offering ``agent_speaks``), joined in memory."""
     now = asyncio.get_running_loop().time()
     ag_core = handshake.ClientConnection(wire.Hello("agent-v-1", "s" * 32, agent_speaks))
@@ -81,8 +81,8 @@ async def negotiated_pair(on_open: OpenHandler, agent_speaks: tuple[int, ...]
     ag_core.receive_welcome(gw_core.data_to_send()[0], now, agent_speaks)
     to_agent: asyncio.Queue[bytes | None] = asyncio.Queue()
     to_gateway: asyncio.Queue[bytes | None] = asyncio.Queue()
-    gw = Session(QueueSink(to_agent), gw_core, name="gw")
-    ag = Session(QueueSink(to_gateway), ag_core, name="ag", on_open=on_open)
+    gw = Tunnel(QueueSink(to_agent), gw_core, name="gw")
+    ag = Tunnel(QueueSink(to_gateway), ag_core, name="ag", on_open=on_open)
     tasks = [asyncio.create_task(gw.run(drain(to_gateway))), asyncio.create_task(ag.run(drain(to_agent)))]
     return gw, ag, tasks
 

@@ -20,12 +20,12 @@ from aiohttp import web
 from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import free_port
-from raven.transport import listener
-from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
+from raven.http.guard import READ_BUFFER, ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, guarded_handler
 from raven.transport.tls import client_context, server_context
 
 CLIENTS = 24
-BODY = listener.READ_BUFFER + 123_457  # more than the shared buffer: reads span several fills
+BODY = READ_BUFFER + 123_457  # more than the shared buffer: reads span several fills
 
 
 def loops() -> list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]]:

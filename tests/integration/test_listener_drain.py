@@ -4,7 +4,7 @@ Found by issue 29 item 8: the drain closed every keep-alive connection the guard
 next request had arrived but was not read yet. A socket closed with unread bytes sends a reset; a request
 aiohttp had read while it answered the last one was lost with the connection. Go's client sends such a request
 again, but a draining replica should answer what it received. The guard now closes an idle connection only when
-it is quiet (raven/transport/quiet.py) and the idle timer does the same.
+it is quiet (raven/http/quiet.py) and the idle timer does the same.
 
 Real sockets, plain and TLS, on both event loops; the request is made to wait in the socket (or in aiohttp)
 at the instant the drain or the idle timer runs, which is what a busy gateway's loop does by chance.
@@ -26,8 +26,9 @@ from aiohttp import web
 from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import free_port
-from raven.transport.listener import ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
-from raven.transport.quiet import unread_bytes
+from raven.http.guard import ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, guarded_handler
+from raven.http.quiet import unread_bytes
 from raven.transport.tls import client_context, server_context
 
 pytestmark = [pytest.mark.integration]

@@ -14,7 +14,8 @@ import pytest
 from aiohttp import web
 
 from raven.demo.launch import free_port
-from raven.transport.listener import GROWTH_STEP, ConnectionGuard, GuardedSite, GuardLimits, guarded_handler
+from raven.http.guard import GROWTH_STEP, ConnectionGuard, GuardLimits
+from raven.http.listener import GuardedSite, guarded_handler
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 

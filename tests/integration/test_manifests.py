@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from raven import pki
-from raven.config import AgentConfig, GatewayConfig, build, split_host_port
+from raven.config import AgentConfig, GatewayConfig, build
+from raven.hostport import split_host_port
 from tests.support import schemas
 from tests.support.paths import ROOT
 

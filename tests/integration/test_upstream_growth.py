@@ -14,7 +14,7 @@ import contextlib
 import pytest
 
 from agent.upstream import Response, UpstreamPool
-from raven.transport.guard import GROWTH_STEP
+from raven.http.guard import GROWTH_STEP
 from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]

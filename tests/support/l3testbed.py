@@ -47,8 +47,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raven import pki
 from raven.aio import stop_process
-from raven.errors import TestbedError
 from raven.layer3.config import RAVEN_PROTO, RAVEN_TABLE
+from tests.support.errors import TestbedError
 from tests.support.paths import ROOT
 from tests.support.testbed import TOPOLOGY, Process
 

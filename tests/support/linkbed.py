@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from raven.errors import TestbedError
+from tests.support.errors import TestbedError
 from tests.support.paths import ROOT
 from tests.support.testbed import CLOUD_IP, GATEWAY_OPS, PROMETHEUS, Testbed
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from raven.protocol import connection as core
 from raven.protocol import wire
 from raven.protocol.handshake import ClientConnection, ServerConnection
-from raven.transport.session import OpenHandler, Session
+from raven.transport.tunnel import OpenHandler, Tunnel
 
 
 class QueueSink:
@@ -34,11 +34,11 @@ async def drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
 
 async def pair(
     on_open: OpenHandler, window: int = 64 * 1024, heartbeat: tuple[float, float] = (5.0, 15.0)
-) -> tuple[Session, Session, list[asyncio.Task[None]]]:
+) -> tuple[Tunnel, Tunnel, list[asyncio.Task[None]]]:
     to_agent: asyncio.Queue[bytes | None] = asyncio.Queue()
     to_gateway: asyncio.Queue[bytes | None] = asyncio.Queue()
-    gw = Session(QueueSink(to_agent), core_session(True, window, heartbeat), name="gw")
-    ag = Session(QueueSink(to_gateway), core_session(False, window, heartbeat), name="ag", on_open=on_open)
+    gw = Tunnel(QueueSink(to_agent), core_session(True, window, heartbeat), name="gw")
+    ag = Tunnel(QueueSink(to_gateway), core_session(False, window, heartbeat), name="ag", on_open=on_open)
     tasks = [asyncio.create_task(gw.run(drain(to_gateway))), asyncio.create_task(ag.run(drain(to_agent)))]
     return gw, ag, tasks
 

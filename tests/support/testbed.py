@@ -44,7 +44,7 @@ import yaml
 
 from raven import pki
 from raven.aio import stop_process
-from raven.errors import TestbedError
+from tests.support.errors import TestbedError
 from tests.support.paths import ROOT
 
 

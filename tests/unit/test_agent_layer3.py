@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from agent.layer3 import AgentLayer3
-from raven.layer3.config import AgentLayer3 as Layer3Config
+from raven.layer3.config import AgentLayer3Settings
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 
 
 def runtime(**extra: object) -> AgentLayer3:
-    cfg = Layer3Config(enabled=True, addresses=["10.20.255.1/32"], cidrs=["10.20.0.0/16"], **extra)
+    cfg = AgentLayer3Settings(enabled=True, addresses=["10.20.255.1/32"], cidrs=["10.20.0.0/16"], **extra)
     return AgentLayer3(cfg, "site-a", AgentMetrics())
 
 

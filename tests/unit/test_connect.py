@@ -146,7 +146,7 @@ async def test_accept_without_a_binary_hello_in_time_says_nothing_and_tells_why(
 
 async def test_a_broken_websocket_ends_the_session_as_a_lost_connection() -> None:
     """messages() raises TransportError for what a session does not carry: a RavenError (one hierarchy) and a
-    ConnectionError (Session.run ends on it like on any lost connection)."""
+    ConnectionError (Tunnel.run ends on it like on any lost connection)."""
     ws = ScriptedWS(wire.encode(WELCOME), aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None))
     session, _ = await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
     with pytest.raises(TransportError) as info:

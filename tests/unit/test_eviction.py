@@ -1,4 +1,4 @@
-"""The eviction's choice (raven/transport/eviction.py): whom a full ops listener closes to admit a new connection.
+"""The eviction's choice (raven/http/eviction.py): whom a full ops listener closes to admit a new connection.
 
 Found by issue 29 item 3. The integration test (tests/integration/test_ops_flood.py) floods a real gateway;
 these check each rule of the choice on its own, including the many-addresses cases that a loopback flood
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
-from raven.transport.eviction import FEW, Eviction
+from raven.http.eviction import FEW, Eviction
 
 GRACE = 1.0
 _ids = count()

@@ -11,7 +11,7 @@ from typing import Any
 from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession
 from gateway.statuspage import _layer3_html, render_text
-from raven.layer3.config import GatewayLayer3 as Layer3Config
+from raven.layer3.config import GatewayLayer3Settings
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
 
@@ -46,7 +46,7 @@ def ipv4(src: str, dst: str) -> bytes:
 
 
 def runtime() -> tuple[GatewayLayer3, GatewayMetrics]:
-    cfg = Layer3Config(enabled=True, addresses=["10.77.0.1/24"], cloud_cidrs=["10.96.0.0/16"],
+    cfg = GatewayLayer3Settings(enabled=True, addresses=["10.77.0.1/24"], cloud_cidrs=["10.96.0.0/16"],
                        pools={"site-a": {"cidrs": ["10.20.0.0/16", "10.21.0.0/16"]}})
     metrics = GatewayMetrics()
     return GatewayLayer3(cfg, metrics), metrics

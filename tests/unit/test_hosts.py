@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from raven.dns.hosts import render, write_atomic
+from raven.dns.hosts import render
+from raven.dns.publisher import write_atomic
 
 
 def body(text: str) -> list[str]:

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from raven.dns.hosts import HostsPublisher, check_names, render
+from raven.dns.hosts import check_names, render
 from raven.dns.names import NameRule
+from raven.dns.publisher import HostsPublisher
 from raven.dns.shards import render_shards, shard_of
 from raven.protocol import wire
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raven.layer3.policy import CLOUD, Drop, Policy, PolicyError, PrefixTable, intersect
+from raven.layer3.policy import CLOUD, Drop, ForwardingPolicy, PolicyError, PrefixTable, intersect
 from tests.unit.test_layer3_packet import ipv4, ipv6
 
 CLOUD_CIDRS = ["10.96.0.0/12", "10.0.0.0/16", "fd00:c::/48"]
@@ -26,11 +26,11 @@ def v6(text: str) -> int:
 
 
 @pytest.fixture
-def policy() -> Policy:
-    return Policy(CLOUD_CIDRS, POOLS, edge_to_edge=[("a", "b")])
+def policy() -> ForwardingPolicy:
+    return ForwardingPolicy(CLOUD_CIDRS, POOLS, edge_to_edge=[("a", "b")])
 
 
-def test_the_rules(policy: Policy) -> None:
+def test_the_rules(policy: ForwardingPolicy) -> None:
     assert policy.from_pool("a", ipv4(v4("10.1.0.5"), v4("10.100.0.1"))).target == CLOUD
     assert policy.from_pool("a", ipv4(v4("10.2.0.5"), v4("10.100.0.1"))).drop == Drop.SPOOFED  # b's source
     assert policy.from_pool("a", ipv4(v4("10.1.0.5"), v4("8.8.8.8"))).drop == Drop.NO_ROUTE
@@ -57,16 +57,16 @@ def test_certificate_narrows_a_pools_cidrs() -> None:
     assert [str(n) for n in intersect(["10.1.0.0/16", "10.9.0.0/16"], ["10.1.4.0/24", "10.0.0.0/8"])] == \
         ["10.1.0.0/16", "10.9.0.0/16"]
     assert [str(n) for n in intersect(["10.1.0.0/16", "fd00::/16"], ["10.1.4.0/24"])] == ["10.1.4.0/24"]
-    p = Policy(CLOUD_CIDRS, {"a": ["10.1.0.0/16"]}, certificate_cidrs={"a": ["10.1.4.0/24"]})
+    p = ForwardingPolicy(CLOUD_CIDRS, {"a": ["10.1.0.0/16"]}, certificate_cidrs={"a": ["10.1.4.0/24"]})
     assert [str(n) for n in p.allowed("a")] == ["10.1.4.0/24"]
     assert p.from_pool("a", ipv4(v4("10.1.5.1"), v4("10.100.0.1"))).drop == Drop.SPOOFED  # outside the cert
     assert p.from_pool("a", ipv4(v4("10.1.4.1"), v4("10.100.0.1"))).target == CLOUD
     assert p.from_cloud(ipv4(v4("10.100.0.1"), v4("10.1.5.1"))).drop == Drop.NO_ROUTE
-    assert Policy(CLOUD_CIDRS, {"a": ["10.1.0.0/16"]}, certificate_cidrs={}).allowed("a") == []
+    assert ForwardingPolicy(CLOUD_CIDRS, {"a": ["10.1.0.0/16"]}, certificate_cidrs={}).allowed("a") == []
 
 
 def test_ipv4_and_ipv6_cidrs_both_kept() -> None:
-    p = Policy(["10.0.0.0/8", "fd00::/8"], {})
+    p = ForwardingPolicy(["10.0.0.0/8", "fd00::/8"], {})
     assert [str(n) for n in p.cloud] == ["10.0.0.0/8", "fd00::/8"]
 
 
@@ -81,7 +81,7 @@ def test_ipv4_and_ipv6_cidrs_both_kept() -> None:
 def test_inconsistent_policies_are_refused(cloud: list[str], pools: dict[str, list[str]],
                                            pairs: list[tuple[str, str]], message: str) -> None:
     with pytest.raises(PolicyError, match=message):
-        Policy(cloud, pools, edge_to_edge=pairs)
+        ForwardingPolicy(cloud, pools, edge_to_edge=pairs)
 
 
 def reference(pool: str | None, src: int, dst: int, version: int) -> str | Drop:
@@ -111,7 +111,7 @@ V6_NEAR = st.sampled_from(["fd00:a::", "fd00:b::", "fd00:c::", "fd00:d::"])
        st.integers(0, 2**17), st.integers(0, 2**17))
 def test_agrees_with_the_reference(pool: str | None, six: bool, s4: str, d4: str, s6: str, d6: str,
                                    off1: int, off2: int) -> None:
-    p = Policy(CLOUD_CIDRS, POOLS, edge_to_edge=[("a", "b")])
+    p = ForwardingPolicy(CLOUD_CIDRS, POOLS, edge_to_edge=[("a", "b")])
     packet_of: Callable[[int, int], bytes]
     if six:
         src, dst, packet_of, version = v6(s6) + off1 * 2**60, v6(d6) + off2 * 2**60, ipv6, 6
@@ -124,6 +124,6 @@ def test_agrees_with_the_reference(pool: str | None, six: bool, s4: str, d4: str
 
 @given(st.binary(max_size=80), st.sampled_from(["a", "b", "zz"]))
 def test_hostile_bytes_never_raise(data: bytes, pool: str) -> None:
-    p = Policy(CLOUD_CIDRS, POOLS)
+    p = ForwardingPolicy(CLOUD_CIDRS, POOLS)
     for verdict in (p.from_pool(pool, data), p.from_cloud(data)):
         assert (verdict.drop is None) != (verdict.target is None)

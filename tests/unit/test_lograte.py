@@ -38,7 +38,7 @@ def test_descriptor_budget_raises_the_soft_limit_and_keeps_a_reserve() -> None:
 
     code = (
         "import resource\n"
-        "from raven.transport.listener import descriptor_budget\n"
+        "from raven.http.listener import descriptor_budget\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
         "budget = descriptor_budget(100)\n"

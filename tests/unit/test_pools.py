@@ -107,9 +107,9 @@ def test_sd_groups_and_query(tmp_path: Path) -> None:
     query = {"reach": "direct"}
     assert discovery.parse_query(query, lambda k, d: [query[k]] if k in query else d, [9400]) == (
         (9400,), frozenset(), frozenset({"direct"}), "node")
-    with pytest.raises(discovery.BadQuery, match="group must be one of node, pool"):
+    with pytest.raises(discovery.BadSdQuery, match="group must be one of node, pool"):
         discovery.parse_query({"group": "x"}, lambda k, d: ["x"] if k == "group" else d, [9400])
-    with pytest.raises(discovery.BadQuery):
+    with pytest.raises(discovery.BadSdQuery):
         discovery.parse_query({"x": "1"}, lambda k, d: d, [9400])
 
 

@@ -19,9 +19,9 @@ from gateway.registry import Registry
 from gateway.request import Target
 from raven.config.gateway import GatewayFront
 from raven.deadline import Deadline
+from raven.http.guard import ConnectionGuard, GuardLimits
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
-from raven.transport.guard import ConnectionGuard, GuardLimits
 
 PAGE = b"DCGM_FI_DEV_GPU_TEMP 41\n" * 100
 

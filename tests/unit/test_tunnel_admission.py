@@ -3,6 +3,8 @@ handshake counter labelled from it, never from the text."""
 
 from __future__ import annotations
 
+import logging
+import ssl
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,27 @@ def test_a_refused_upgrade_is_answered_with_the_reasons_status(tmp_path: Path) -
     resp = tunnel._refuse("192.0.2.1", Reason.UNREADABLE_CLIENT_CERTIFICATE, "unreadable client certificate: bad")
     assert (resp.status, resp.text) == (403, "unreadable client certificate: bad\n")
     assert failures(tunnel, "unreadable client certificate") == 1.0
+
+
+def test_a_flood_of_failed_tls_handshakes_logs_one_line_a_minute_per_reason(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The tunnel's TLS failures go through the house's one rate-limited log (raven/lograte.py): every failure
+    is counted, one line per reason a minute gets through, and the next one says how many were held back."""
+    tunnel = endpoint(tmp_path)
+    clock = [1000.0]
+    tunnel._log.clock = lambda: clock[0]
+    bad_cert = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    bad_cert.reason = "CERTIFICATE_VERIFY_FAILED"
+    plain_http = ssl.SSLError(1, "http request")
+    plain_http.reason = "HTTP_REQUEST"
+    with caplog.at_level(logging.WARNING, logger="raven.gateway.tunnel"):
+        for _ in range(500):
+            tunnel.tls_failed(bad_cert)
+            tunnel.tls_failed(plain_http)
+        clock[0] += 61.0
+        tunnel.tls_failed(bad_cert)
+    lines = [r.getMessage() for r in caplog.records if "TLS handshake" in r.getMessage()]
+    assert len(lines) == 3, lines
+    assert "not signed by this gateway's CA" in lines[0] and "plain HTTP" in lines[1]
+    assert "499 more like it" in lines[2]
+    assert tunnel.metrics.handshake_failures.labels("tls CERTIFICATE_VERIFY_FAILED")._value.get() == 501

@@ -82,7 +82,7 @@ def test_filters_and_pages(tmp_path: Path) -> None:
     for bad, why in cases:
         def getall(key: str, default: list[str], bad: dict[str, str] = bad) -> list[str]:
             return [bad[key]] if key in bad else default
-        with pytest.raises(status.BadQuery, match=why):
+        with pytest.raises(status.BadStatusQuery, match=why):
             status.parse_query(list(bad), getall)
     assert commands.STATUS_STATES == list(status.STATES)  # raven status --state offers the gateway's states
 
@@ -236,7 +236,7 @@ async def test_made_up_pools_in_sd_queries_make_no_pages_and_do_not_push_out_pro
     mixed = await v.sd(discovery.SdQuery((9400,), frozenset({"pool-1", "nope"}), frozenset(), "pool"))
     alone = await v.sd(discovery.SdQuery((9400,), frozenset({"pool-1"}), frozenset(), "pool"))
     assert mixed is alone and {g["labels"]["pool"] for g in json.loads(alone.body)} == {"pool-1"}
-    with pytest.raises(discovery.BadQuery, match="pool name"):
+    with pytest.raises(discovery.BadSdQuery, match="pool name"):
         discovery.parse_query({"pool": "x"}, lambda key, default: ["bad pool\x1b"] if key == "pool" else default,
                               [9400])
 

@@ -9,7 +9,7 @@ import pytest
 
 from raven.protocol import wire
 from raven.protocol.flow import RecvWindow, SendCredit
-from raven.transport.session import Session, Stream, StreamReset
+from raven.transport.tunnel import Stream, StreamReset, Tunnel
 from tests.support.memsession import batched, core_session, frames, http_open, pair
 
 
@@ -32,7 +32,7 @@ def test_flow_accounting() -> None:
         send.grant(wire.MAX_WINDOW_INCREMENT, 1)
 
 
-async def _close_all(*sessions: Session, tasks: list[asyncio.Task[None]]) -> None:
+async def _close_all(*sessions: Tunnel, tasks: list[asyncio.Task[None]]) -> None:
     for s in sessions:
         await s.close("test over")
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -190,7 +190,7 @@ async def test_heartbeat_deadline_closes_silent_session(caplog: pytest.LogCaptur
         async def close(self) -> None:
             pass
 
-    s = Session(Sink(), core_session(True, 1024, (0.1, 0.35), max_streams=1), name="lonely")
+    s = Tunnel(Sink(), core_session(True, 1024, (0.1, 0.35), max_streams=1), name="lonely")
     s.start()
     await asyncio.wait_for(s.wait_closed(), 3)
     assert "heartbeat timeout" in s.close_reason
@@ -209,10 +209,10 @@ class _StuckSink:
 
 
 async def test_replies_to_a_peer_that_does_not_read_are_bounded() -> None:
-    s = Session(_StuckSink(), core_session(True, 1024, (60, 120), max_streams=1), name="flooded")
+    s = Tunnel(_StuckSink(), core_session(True, 1024, (60, 120), max_streams=1), name="flooded")
     s.start()
     drain = wire.Drain("x" * 1000)
-    for _ in range(Session.HARD_LIMIT // 1000 + 10):
+    for _ in range(Tunnel.HARD_LIMIT // 1000 + 10):
         s.send_control(drain)  # what unanswered peer-triggered replies do
         if s.closed:
             break
@@ -279,7 +279,7 @@ async def test_a_small_chunk_of_a_large_batched_message_does_not_keep_the_messag
 
 async def test_a_peer_that_sends_but_never_reads_is_cut_off() -> None:
     """The peer keeps the session alive with PINGs but reads nothing: the stalled write ends the session."""
-    s = Session(_StuckSink(), core_session(True, 1024, (0.1, 0.3), max_streams=1), name="deaf")
+    s = Tunnel(_StuckSink(), core_session(True, 1024, (0.1, 0.3), max_streams=1), name="deaf")
     s.start()  # the write deadline: 3 heartbeat timeouts, 0.9 s
     s.send_control(wire.Drain("anything"))  # a write that will never complete
     ping = batched(wire.encode(wire.Ping(1)))

@@ -1,6 +1,6 @@
 """Whether an idle keep-alive connection is quiet: nothing of a next request has arrived, so a close loses nothing.
 
-The connection guard (raven/transport/guard.py) closes an idle connection at its keep-alive deadline and when
+The connection guard (raven/http/guard.py) closes an idle connection at its keep-alive deadline and when
 the service drains. A close is safe only while nothing of the client's next request has arrived:
 
 - bytes in the socket that the event loop has not read yet turn the close into a TCP reset (the kernel resets

@@ -26,7 +26,7 @@ Closing an idle keep-alive connection loses nothing: an HTTP client sends its ne
 (Go's client, so Prometheus's, and aiohttp's also resend an idempotent request that met the close).
 
 This module keeps the order (oldest first, per client and over all) and picks; the guard
-(raven/transport/guard.py) tells it when a connection arrives, changes phase and ends, and closes the victim.
+(raven/http/guard.py) tells it when a connection arrives, changes phase and ends, and closes the victim.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Protocol
 
-__all__ = ["FEW", "Candidate", "Eviction"]
+__all__ = ["FEW", "Evictable", "Eviction"]
 
 FEW = 4
 """The most connections a legitimate ops client holds at once: a kubelet's concurrent probes (startup, liveness,
 readiness), a Prometheus's keep-alive connection per job. A client holding more is taken from first."""
 
 
-class Candidate(Hashable, Protocol):
+class Evictable(Hashable, Protocol):
     """What the eviction needs to know of a connection: its client's address."""
 
     @property
@@ -63,10 +63,10 @@ class Eviction:
     def __init__(self, grace: float) -> None:
         self.grace = grace
         self._count: dict[str, int] = {}
-        self._idle: dict[Candidate, None] = {}
-        self._head: dict[Candidate, float] = {}  # -> when it started to owe its head
-        self._idle_of: dict[str, dict[Candidate, None]] = {}
-        self._head_of: dict[str, dict[Candidate, float]] = {}
+        self._idle: dict[Evictable, None] = {}
+        self._head: dict[Evictable, float] = {}  # -> when it started to owe its head
+        self._idle_of: dict[str, dict[Evictable, None]] = {}
+        self._head_of: dict[str, dict[Evictable, float]] = {}
 
     def __len__(self) -> int:
         return sum(self._count.values())
@@ -74,15 +74,15 @@ class Eviction:
     def holds(self, client: str) -> int:
         return self._count.get(client, 0)
 
-    def add(self, conn: Candidate, now: float) -> None:
+    def add(self, conn: Evictable, now: float) -> None:
         self._count[conn.client] = self._count.get(conn.client, 0) + 1
         self._put(conn, now, head=True)
 
-    def waiting(self, conn: Candidate, now: float, head: bool) -> None:
+    def waiting(self, conn: Evictable, now: float, head: bool) -> None:
         self.busy(conn)
         self._put(conn, now, head)
 
-    def busy(self, conn: Candidate) -> None:
+    def busy(self, conn: Evictable) -> None:
         client = conn.client
         if self._idle.pop(conn, 0) is None:
             own = self._idle_of[client]
@@ -95,7 +95,7 @@ class Eviction:
             if not owed:
                 del self._head_of[client]
 
-    def remove(self, conn: Candidate) -> None:
+    def remove(self, conn: Evictable) -> None:
         self.busy(conn)
         client = conn.client
         left = self._count.get(client, 0) - 1
@@ -104,7 +104,7 @@ class Eviction:
         else:
             self._count.pop(client, None)
 
-    def _put(self, conn: Candidate, now: float, head: bool) -> None:
+    def _put(self, conn: Evictable, now: float, head: bool) -> None:
         if head:
             self._head[conn] = now
             self._head_of.setdefault(conn.client, {})[conn] = now
@@ -112,7 +112,7 @@ class Eviction:
             self._idle[conn] = None
             self._idle_of.setdefault(conn.client, {})[conn] = None
 
-    def victim(self, client: str, now: float) -> Candidate | None:
+    def victim(self, client: str, now: float) -> Evictable | None:
         """The connection to close so that a new one from ``client`` fits, or None (the newcomer is refused)."""
         heads, idle, count = self._head_of, self._idle_of, self._count
         heaviest = max((c for c in count if c in heads or c in idle), key=count.__getitem__, default=None)

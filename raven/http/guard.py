@@ -3,7 +3,7 @@
 aiohttp's server has one timer, the keep-alive timeout, and no cap on connections. A client that opens a few
 thousand connections and sends half a request head (or nothing) holds them until that timer fires, and when the
 process runs out of descriptors every listener fails. A :class:`ConnectionGuard` wraps each connection's
-protocol (raven/transport/listener.py's :class:`~raven.transport.listener.GuardedSite` installs it) and keeps
+protocol (raven/http/listener.py's :class:`~raven.http.listener.GuardedSite` installs it) and keeps
 the accounts:
 
 - a connection is *unproven* from its accept until the handler vouches for it (:meth:`ConnectionGuard.vouch`:
@@ -16,13 +16,13 @@ the accounts:
 - a connection admitted while ``max_connections`` are held is *over the cap*: it stays within the unproven
   caps and its first request is answered ``503`` (naming the node, so that the refusal shows per node) and the
   connection closed; a listener with ``evict_grace`` (the ops listeners, whose handler never vouches) instead
-  closes a waiting connection of the client holding the most to admit it (raven/transport/eviction.py);
+  closes a waiting connection of the client holding the most to admit it (raven/http/eviction.py);
 - a new connection must deliver a complete request head within ``head_timeout``; after a response, the next
   request's first byte must come within ``idle_timeout`` (keep-alive; ``head_timeout`` for an unproven
   connection, which has sent nothing but failed requests) and its complete head within ``head_timeout`` of
   that byte; a connection that misses a deadline is closed (``408`` for a started head);
 - an idle keep-alive connection (at ``idle_timeout``, or by :meth:`ConnectionGuard.drain`) is closed only when
-  nothing of a next request has arrived (raven/transport/quiet.py); else that request is served (while
+  nothing of a next request has arrived (raven/http/quiet.py); else that request is served (while
   draining, with ``Connection: close``) rather than reset;
 - TLS listeners get ``head_timeout`` as the TLS handshake deadline too;
 - a close waits for what is still buffered to be sent, and a client that reads nothing (its window stays
@@ -32,12 +32,12 @@ the accounts:
 
 While a request is being handled the guard's timers are off: the handler's own deadlines (body, response,
 write stall) apply. The handler tells the guard with :meth:`ConnectionGuard.request_started` and
-:meth:`ConnectionGuard.request_finished` (raven/transport/listener.py's
-:func:`~raven.transport.listener.guarded_handler` and ``guard_middleware`` do it).
+:meth:`ConnectionGuard.request_finished` (raven/http/listener.py's
+:func:`~raven.http.listener.guarded_handler` and ``guard_middleware`` do it).
 
 The guard's counts (unauthenticated and authenticated connections per client, the over-capacity ones, the
 drain) and the per-connection protocol that moves a connection between them are one state kept in step, so
-they live together here; the read buffer all guarded connections share is raven/transport/readbuffer.py.
+they live together here; the read buffer all guarded connections share is raven/http/readbuffer.py.
 """
 
 from __future__ import annotations
@@ -49,15 +49,16 @@ from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
+from aiohttp.base_protocol import BaseProtocol
 
+from raven.http.eviction import Eviction
+from raven.http.quiet import parked, unread_bytes
+from raven.http.readbuffer import READ_BUFFER, read_buffer
 from raven.lograte import RateLimitedLog
-from raven.transport.eviction import Eviction
-from raven.transport.quiet import parked, unread_bytes
-from raven.transport.readbuffer import READ_BUFFER, read_buffer
 
 __all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler"]
 
-log = logging.getLogger("raven.transport.listener")
+log = logging.getLogger("raven.http.guard")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -71,7 +72,7 @@ class GuardLimits:
     max_unproven: int | None = None  # None: max_connections (a listener whose handler never vouches)
     max_unproven_per_client: int | None = None  # None: max_per_client
     # None: a full listener refuses a new connection. A number: it closes a waiting connection of the client
-    # holding the most to admit it (raven/transport/eviction.py; a head owed longer than this is overdue).
+    # holding the most to admit it (raven/http/eviction.py; a head owed longer than this is overdue).
     evict_grace: float | None = None
 
     def __post_init__(self) -> None:
@@ -108,8 +109,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     :class:`_ReadBuffer`) and hands aiohttp's protocol a copy with ``data_received``.
     """
 
-    __slots__ = ("_admitted", "_buffered", "_client", "_drain", "_evicted", "_guard", "_inner", "_over", "_paused",
-                 "_phase", "_preadmitted", "_proven", "_settle_by", "_timer", "_transport")
+    __slots__ = ("_admitted", "_buffered", "_client", "_evicted", "_guard", "_inner", "_over", "_phase",
+                 "_preadmitted", "_proven", "_settle_by", "_timer", "_transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
                  over: bool = False) -> None:
@@ -122,10 +123,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._phase = _HEAD
         self._timer: asyncio.TimerHandle | None = None
         self._admitted = False
-        self._paused = False
         self._proven = False
         self._over = over  # admitted beyond max_connections: its first request is refused
-        self._drain: list[asyncio.Future[None]] = []
         self._buffered = 0  # bytes still to send at the last expiry (0: none): the client's progress since
         self._settle_by = 0.0  # idle, its next request arriving: closed anyway at this loop time (0: not set)
         self._evicted = False  # closed to make room for another: released from the counts then
@@ -182,38 +181,28 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         if not self._admitted:
             return
         self._admitted = False
-        self._wake_drain(ConnectionResetError("client connection lost"))
         if not self._evicted:  # an evicted connection was released when it was chosen
             self._guard.release(self._client, self._transport, self._proven, self._over)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._paused = True
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._paused = False
-        self._wake_drain(None)
         self._inner.resume_writing()
 
-    def _wake_drain(self, exc: Exception | None) -> None:
-        waiters, self._drain = self._drain, []
-        for fut in waiters:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
     async def drained(self) -> None:
-        """Return once the transport accepts writes again (the client read); raise if the connection is lost."""
+        """Return once the transport accepts writes again (the client read); raise if the connection is lost.
+
+        The write flow control is aiohttp's protocol's (its drain helper, which its own writers wait on): this
+        wrapper passes pause and resume through and keeps no waiters of its own."""
+        try:
+            if self._admitted:
+                await cast(BaseProtocol, self._inner)._drain_helper()
+        except ConnectionError:
+            pass  # lost meanwhile: said below
         if not self._admitted:
             raise ConnectionResetError("client connection lost")
-        if not self._paused:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._drain.append(fut)
-        await fut
 
     # ---------------------------------------------------------------- phases
 
@@ -276,7 +265,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             self.end_keepalive()  # keep-alive over: an ordinary close, not an error
 
     def end_keepalive(self) -> bool:
-        """Close this idle connection if quiet (raven/transport/quiet.py), else look again in a moment (its bytes
+        """Close this idle connection if quiet (raven/http/quiet.py), else look again in a moment (its bytes
         move it to its head's deadline, aiohttp's request to :meth:`busy`; closed anyway after a head's time)."""
         transport = self._transport
         if transport is None or transport.is_closing():
@@ -331,12 +320,6 @@ class ConnectionGuard:
     @property
     def unproven(self) -> int:
         return self._unproven_total
-
-    def client_connections(self, client: str) -> int:
-        return self._unproven.get(client, 0) + self._proven.get(client, 0)
-
-    def client_proven(self, client: str) -> int:
-        return self._proven.get(client, 0)
 
     def per_client_cap(self) -> int:
         derived = self.proven_cap() if self.proven_cap is not None else 0

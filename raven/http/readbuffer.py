@@ -1,4 +1,4 @@
-"""The read buffer that all guarded connections of one thread share (raven/transport/guard.py reads into it)."""
+"""The read buffer that all guarded connections of one thread share (raven/http/guard.py reads into it)."""
 
 from __future__ import annotations
 

@@ -12,13 +12,13 @@ from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 from raven.protocol.control import ControlDispatcher
-from raven.transport.session import Session
+from raven.transport.tunnel import Tunnel
 
 
 class GatewayLink(NamedTuple):
     """A session to one gateway replica, as the handlers see it."""
 
-    session: Session
+    session: Tunnel
     replica: str
 
 
@@ -34,7 +34,7 @@ class GatewayControl:
         self.table.on(wire.Routes, self._on_routes)
         self.table.on(wire.Drain, self._on_drain)
 
-    def attach(self, session: Session, replica: str) -> None:
+    def attach(self, session: Tunnel, replica: str) -> None:
         """Send ``session``'s control frames (from replica ``replica``) through the table."""
         session.on_control = functools.partial(self.table.dispatch, GatewayLink(session, replica))
 

@@ -1,8 +1,9 @@
-"""The asyncio side of a tunnel session: a ready sans-I/O core (raven.protocol.connection) run over a message transport.
+"""The tunnel: the asyncio side of one session, a ready sans-I/O core (raven.protocol.connection) run over a
+message transport.
 
 The split is websockets' ``protocol.py`` beside ``asyncio/connection.py``: the core holds every rule and the
 session's state (raven/protocol/state.py); this layer only moves bytes and wakes waiters. One reader
-(:meth:`Session.run`) feeds every received message to the core and turns its events into woken waiters through a
+(:meth:`Tunnel.run`) feeds every received message to the core and turns its events into woken waiters through a
 table (event type -> handler); it never awaits a stream's consumer, so one slow stream cannot stall the others.
 One writer task sends what the core has queued, taking over a TCP socket only what the kernel may hold unsent
 (raven/transport/pacer.py): the backlog stays in the core, whose outbox orders it as it leaves (small streams
@@ -10,8 +11,8 @@ before bulk ones). Stream writers wait over ``HIGH_WATER`` bytes queued, a strea
 that. The writer exists while there is output or a stream is open, so an idle session holds no task. The
 heartbeat is one timer at the core's ``next_deadline()``.
 
-Sessions are made by raven/transport/connect.py (``connect()`` for the agent, ``accept()`` for the gateway) from
-the handshake's core; the streams' awaitables are raven/transport/stream.py, which reach the session only through
+Tunnels are made by raven/transport/connect.py (``connect()`` for the agent, ``accept()`` for the gateway) from
+the handshake's core; the streams' awaitables are raven/transport/stream.py, which reach the tunnel only through
 its :class:`raven.transport.stream.Link` methods.
 """
 
@@ -46,7 +47,7 @@ from raven.protocol.stream import StreamReset
 from raven.transport.pacer import Pacer
 from raven.transport.stream import Stream
 
-__all__ = ["MessageSink", "Session", "Stream", "StreamReset"]
+__all__ = ["MessageSink", "Stream", "StreamReset", "Tunnel"]
 
 log = logging.getLogger("raven.session")
 # What a peer can trigger frame after frame (bad frames, frames for unknown streams) is logged at most once a
@@ -66,7 +67,7 @@ OpenHandler = Callable[[Stream], None]
 ControlHandler = Callable[[wire.ControlFrame], None]
 
 
-class Session:
+class Tunnel:
     """One tunnel connection carrying many streams, over a :class:`MessageSink`, around a ready ``core``.
 
     The core is the connection whose handshake raven/transport/connect.py ran (raven/protocol/handshake.py), or
@@ -476,15 +477,15 @@ class Session:
 
 
 # Each event of the core and the session's handler for it.
-_ON_EVENT: Final[dict[type[Event], Callable[[Session, Any], None]]] = {
-    DataReceived: Session._on_data,
-    CreditReceived: Session._on_credit,
-    HeadReceived: Session._on_head,
-    StreamClosed: Session._on_stream_closed,
-    StreamOpened: Session._on_stream_opened,
-    StreamAborted: Session._on_aborted,
-    DatagramReceived: Session._on_datagram,
-    ControlReceived: Session._on_control,
-    ProtocolViolation: Session._on_violation,
-    SessionEnded: Session._on_ended,
+_ON_EVENT: Final[dict[type[Event], Callable[[Tunnel, Any], None]]] = {
+    DataReceived: Tunnel._on_data,
+    CreditReceived: Tunnel._on_credit,
+    HeadReceived: Tunnel._on_head,
+    StreamClosed: Tunnel._on_stream_closed,
+    StreamOpened: Tunnel._on_stream_opened,
+    StreamAborted: Tunnel._on_aborted,
+    DatagramReceived: Tunnel._on_datagram,
+    ControlReceived: Tunnel._on_control,
+    ProtocolViolation: Tunnel._on_violation,
+    SessionEnded: Tunnel._on_ended,
 }

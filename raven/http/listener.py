@@ -1,7 +1,7 @@
 """Listening sockets that hold against hostile clients: the accept loop, and the process's descriptor budget.
 
 :class:`GuardedSite` is an aiohttp site whose connections go through a :class:`ConnectionGuard`
-(raven/transport/guard.py: the caps per client and in total, the head and idle deadlines). With TLS it runs its
+(raven/http/guard.py: the caps per client and in total, the head and idle deadlines). With TLS it runs its
 own accept loop, so that a connection is counted from its TCP accept and its handshake has a deadline.
 :func:`descriptor_budget` raises the open-files limit and says how many descriptors the listeners may use.
 :func:`guarded_handler` and :func:`guard_middleware` tell the guard when each request starts and ends.
@@ -18,18 +18,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_runner import BaseRunner, BaseSite
 
-from raven.transport.guard import (  # re-exported: the services import the guard with the site
-    GROWTH_STEP,
-    READ_BUFFER,
-    ConnectionGuard,
-    GuardLimits,
-    Handler,
-)
+from raven.http.guard import ConnectionGuard, Handler
 
-__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "GuardedSite", "Handler",
-           "descriptor_budget", "guard_middleware", "guarded_handler"]
-
-log = logging.getLogger("raven.transport.listener")
+log = logging.getLogger("raven.http.listener")
 
 
 class GuardedSite(BaseSite):
