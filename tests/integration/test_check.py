@@ -152,7 +152,13 @@ async def start_dns(fake: FakeKube, tmp_path: Path) -> Dnsmasq:
     return dns
 
 
-def seed(fake: FakeKube, docs: list[dict[str, Any]]) -> None:
+def seed(fake: FakeKube, docs: list[dict[str, Any]], edge: dict[str, str] | None = None,
+         direct: dict[str, str] | None = None, hosts: str | None = None) -> None:
+    """The rendered objects, as a healthy cluster has them: ``edge`` (node -> tunnel pool, default EDGE_NODES in
+    pool-a and pool-b) and ``direct`` (node -> direct pool) Nodes, and the hosts file (default: the edge nodes at
+    ADDRESS)."""
+    edge = edge if edge is not None else {n: f"pool-{n[5]}" for n in EDGE_NODES}
+    direct = direct if direct is not None else {"dc-1-gpu": "dc-1"}
     for doc in docs:
         doc = copy.deepcopy(doc)
         if doc["kind"] == "ConfigMap":
@@ -171,14 +177,14 @@ def seed(fake: FakeKube, docs: list[dict[str, Any]]) -> None:
     fake.objects.put(coredns_deployment())
     fake.configmaps[("kube-system", "coredns")] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
         "name": "coredns", "namespace": "kube-system"}, "data": {"Corefile": corefile_with_snippet()}}
-    edge = {"openyurt.io/is-edge-worker": "true"}
     fake.add_node("cloud-1", {})
-    for node in EDGE_NODES:
-        fake.add_node(node, {POOL: f"pool-{node[5]}", **edge})
-    fake.add_node("dc-1-gpu", {POOL: "dc-1"})
+    for node, pool in edge.items():
+        fake.add_node(node, {POOL: pool, "openyurt.io/is-edge-worker": "true"})
+    for node, pool in direct.items():
+        fake.add_node(node, {POOL: pool})
     fake.configmaps[("kube-system", "edge-tunnel-nodes")] = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "edge-tunnel-nodes", "namespace": "kube-system"},
-        "data": {"tunnel-nodes": render_hosts(list(EDGE_NODES), [ADDRESS])}}
+        "data": {"tunnel-nodes": hosts if hosts is not None else render_hosts(sorted(edge), [ADDRESS])}}
 
 
 @pytest.fixture(scope="module")

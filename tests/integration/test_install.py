@@ -103,6 +103,14 @@ def test_basic_install_is_valid_complete_and_has_no_secret(tmp_path: Path) -> No
     assert (tmp_path / "raven-secrets" / "front-token").stat().st_mode & 0o077 == 0
     assert "create secret generic raven-gateway-front-token" in proc.stderr
     assert token not in proc.stderr
+    # raven check's own ServiceAccount, where the NetworkPolicy lets it reach the ops port: read-only, and of the
+    # Secrets only those it checks, each pool's TLS Secret by name.
+    assert one(docs, "ServiceAccount", "raven-check")["metadata"]["namespace"] == "monitoring"
+    rules = one(docs, "Role", "raven-check")["rules"] + one(docs, "ClusterRole", "raven-check")["rules"]
+    assert {v for r in rules for v in r["verbs"]} == {"get", "list"}
+    (secret_rule,) = [r for r in rules if "secrets" in r["resources"]]
+    assert secret_rule["verbs"] == ["get"] and secret_rule["resourceNames"] == [
+        "raven-gateway-front-token", "raven-gateway-tls", "raven-agent-tls-pool-a", "raven-agent-tls-pool-b"]
 
 
 def test_gateway_and_agents_load_what_was_rendered(tmp_path: Path) -> None:
