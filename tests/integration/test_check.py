@@ -184,7 +184,9 @@ def seed(fake: FakeKube, docs: list[dict[str, Any]], edge: dict[str, str] | None
         fake.add_node(node, {POOL: pool})
     fake.configmaps[("kube-system", "edge-tunnel-nodes")] = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "edge-tunnel-nodes", "namespace": "kube-system"},
-        "data": {"tunnel-nodes": hosts if hosts is not None else render_hosts(sorted(edge), [ADDRESS])}}
+        # A direct pool's node at its own address, as the gateway lists it with hosts.direct: internal-ip.
+        "data": {"tunnel-nodes": hosts if hosts is not None else render_hosts(sorted(edge), [ADDRESS])
+                 + "".join(f"10.0.9.{i}\t{node}\n" for i, node in enumerate(sorted(direct), 1))}}
 
 
 @pytest.fixture(scope="module")
