@@ -294,6 +294,27 @@ def _names_resolve_elsewhere(c: Cluster) -> None:
     c.dns.reload()
 
 
+def _gateway_pod_not_ready(c: Cluster) -> None:
+    pod = c.fake.objects.items[("pods", "kube-system", REPLICAS[1])]
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    c.fake.objects.items[("daemonsets", "kube-system", "raven-gateway")]["status"]["numberReady"] = 1
+
+
+def _coredns_without_mount(c: Cluster) -> None:
+    dep = c.fake.objects.items[("deployments", "kube-system", "coredns")]
+    spec = dep["spec"]["template"]["spec"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] == "config-volume"]
+    spec["containers"][0]["volumeMounts"] = spec["containers"][0]["volumeMounts"][:1]
+
+
+def _node_in_unknown_pool(c: Cluster) -> None:
+    c.fake.add_node("edge-z-1", {POOL: "pool-z", "openyurt.io/is-edge-worker": "true"})
+
+
+def _agents_not_ready(c: Cluster) -> None:
+    c.fake.objects.items[("deployments", "kube-system", "raven-agent-pool-a")]["status"]["readyReplicas"] = 0
+
+
 def _unlabelled_node(c: Cluster) -> None:
     c.fake.add_node("edge-x-9", {"openyurt.io/is-edge-worker": "true"})
 
@@ -354,6 +375,14 @@ FAULTS: list[tuple[str, Callable[[Cluster], None], str, str, str]] = [
      "CoreDNS does not serve the hosts file"),
     ("unlabelled Node", _unlabelled_node, "node-pools", "edge-x-9",
      "kubectl label node edge-x-9 apps.openyurt.io/nodepool=POOL"),
+    ("gateway Pod not ready", _gateway_pod_not_ready, "gateway-pods", f"not ready: {REPLICAS[1]}",
+     f"kubectl -n kube-system describe pod {REPLICAS[1]}"),
+    ("CoreDNS without the mount", _coredns_without_mount, "coredns-mount", "does not mount ConfigMap edge-tunnel-nodes",
+     "--patch-file deploy/coredns/coredns-patch.yaml"),
+    ("Node in an unknown pool", _node_in_unknown_pool, "node-pools", "pool pool-z (nodes edge-z-1) is not configured",
+     "raven install ... --pool pool-z"),
+    ("agents not ready", _agents_not_ready, "agents pool-a", "no ready agent in raven-agent-pool-a",
+     "kubectl -n kube-system logs deploy/raven-agent-pool-a"),
     ("pool with no agent", _pool_without_agent, "agents pool-b", "no agent Deployment",
      "raven install ... --pool pool-b"),
     ("no session to a replica", _no_session_on_one_replica, "agents pool-b", REPLICAS[1],
@@ -411,3 +440,7 @@ async def test_pre_install_checks(cluster: Cluster) -> None:
     bad = failures(doc)
     assert code == 1 and set(bad) == {"api-version", "cert-manager", "service-address"}
     assert "x/other" in bad["service-address"]["detail"] and "v1.27.3" in bad["api-version"]["detail"]
+    cluster.fake.objects.remove("Deployment", "kube-system", "coredns")  # no CoreDNS: the proxy mode is the way
+    code, doc, _ = await check(cluster, "--pre", "--service-address", "10.96.0.51", "--certificates", "raven")
+    bad = failures(doc)
+    assert code == 1 and set(bad) == {"api-version", "coredns"} and "proxy mode" in bad["coredns"]["fix"]
