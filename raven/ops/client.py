@@ -54,6 +54,16 @@ def parse_date(value: str | None) -> float | None:
         return None
 
 
+async def _read_body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
+    """The whole body, or None once it passes ``max_bytes`` (``read(n)`` returns what has arrived, not n bytes)."""
+    body = bytearray()
+    while chunk := await resp.content.read(min(1 << 20, max_bytes + 1 - len(body))):
+        body += chunk
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)
+
+
 async def get(url: str, token: str | None = None, timeout: float = 10.0, max_bytes: int = MAX_BYTES,
               params: dict[str, str] | None = None) -> Reply:
     """GET ``url`` (with ``Authorization: Bearer token`` when given): the 200 reply, or OpsReadError."""
@@ -68,8 +78,8 @@ async def get(url: str, token: str | None = None, timeout: float = 10.0, max_byt
                                        "one of front.auth's tokens")
                 if resp.status != 200:
                     raise OpsReadError(f"{url} answered HTTP {resp.status}")
-                body = await resp.content.read(max_bytes + 1)
-                if len(body) > max_bytes:
+                body = await _read_body(resp, max_bytes)
+                if body is None:
                     raise OpsReadError(f"{url} sent more than {max_bytes >> 20} MiB")
                 return Reply(url, body, sent, time.time(), parse_date(resp.headers.get("Date")))
     except aiohttp.ClientConnectorError as exc:
