@@ -7,6 +7,7 @@ the gateway's own ``/status``; when a pool's agents stop, the check names the po
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import time
 from collections.abc import AsyncIterator
@@ -91,7 +92,18 @@ async def test_an_agent_with_a_wrong_clock_is_named_by_the_real_gateway(real: tu
     ahead = email.utils.formatdate(time.time() + 90, usegmt=True)
     async with Peer(local, "agent-pool-a-1") as peer:
         assert isinstance(await peer.connect(headers={"Date": ahead}), wire.Welcome)
-        code, doc, text = await check(cluster, "--gateway", ops, token=True)
+
+        async def answer_pings() -> None:  # the session stays up however long the checks take
+            while True:
+                await peer.control(timeout=600)
+
+        keep = asyncio.create_task(answer_pings())
+        try:
+            code, doc, text = await check(cluster, "--gateway", ops, token=True)
+        finally:
+            keep.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await keep
     bad = failures(doc)
     assert code == 1 and list(bad) == ["clock-skew"], text
     assert "agent agent-pool-a-1 (pool pool-a, via replica" in bad["clock-skew"]["detail"]
