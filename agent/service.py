@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import logging
 import signal
 import uuid
@@ -228,6 +229,8 @@ class Agent:
                 compress=0,
                 autoping=True,
                 autoclose=True,
+                # This machine's clock, which the gateway compares with its own (raven check: clock skew).
+                headers={"Date": email.utils.formatdate(usegmt=True)},
             )
         hello = wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window, lim.max_streams_per_session,
                            release=version.RELEASE)

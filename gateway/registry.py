@@ -38,6 +38,7 @@ class AgentSession:
     cidrs: tuple[str, ...] = ()  # layer 3: what the certificate lets the agent announce (urn:raven:cidr:)
     release: str = ""  # the agent's release as its HELLO announced it (empty: 0.1.0, which announced none)
     connected_at: float = field(default_factory=time.time)
+    clock_offset: float | None = None  # the agent's clock minus this gateway's when it connected (seconds)
     nodes: set[str] = field(default_factory=set)
     last_register: tuple[wire.NodeInfo, ...] = ()  # re-evaluated when Node objects change
     pending_register: wire.Register | None = None  # held back by the rate limit; a newer one replaces it

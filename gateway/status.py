@@ -230,6 +230,7 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
         "version": version.RELEASE,
         "protocols": list(wire.SUPPORTED_VERSIONS),
         "uptime_seconds": round(max(0.0, now - inp.started), 1),
+        "time": round(now, 3),  # this replica's wall clock when the status was taken (raven check: clock skew)
         "ready": inp.ready[0],
         "ready_reason": inp.ready[1],
         "draining": inp.draining,

@@ -20,6 +20,7 @@ from raven import pki, version
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
+from raven.ops.client import parse_date
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import handshake, wire
 from raven.protocol.control import ControlDispatcher
@@ -66,6 +67,19 @@ class Claim(NamedTuple):
     common_name: str
     pools: frozenset[str]
     cidrs: tuple[str, ...]
+
+
+MAX_CLOCK_OFFSET = 10 * 365 * 86400.0  # a Date further off than ten years is not a clock reading
+
+
+def agent_clock_offset(date: str | None, now: float) -> float | None:
+    """The agent's clock minus this gateway's, from the ``Date`` header of its upgrade request (agents
+    send one; whole seconds, so the middle of that second is taken), or None: no header (an older agent), or not
+    a date."""
+    theirs = parse_date(date[:64] if date else None)
+    if theirs is None or abs(theirs - now) > MAX_CLOCK_OFFSET:
+        return None
+    return round(theirs + 0.5 - now, 1)
 
 
 class TunnelEndpoint:
@@ -158,6 +172,7 @@ class TunnelEndpoint:
         if not isinstance(ident, pki.Identity):
             return ident
         claim = Claim(ident.name, ident.common_name, frozenset(ident.pools), ident.cidrs)
+        clock = agent_clock_offset(request.headers.get("Date"), time.time())
         del ident  # this frame lives as long as the session: keep the four fields, not the parsed certificate
 
         # aiohttp refuses a message of exactly max_msg_size; the wire decoder enforces max_frame, inclusive.
@@ -167,7 +182,7 @@ class TunnelEndpoint:
         if task is not None:
             self.handlers.add(task)
         try:
-            await self._serve(ws, claim, peer)
+            await self._serve(ws, claim, peer, clock)
         finally:
             if task is not None:
                 self.handlers.discard(task)
@@ -233,7 +248,7 @@ class TunnelEndpoint:
         return (f"agent {hello.agent} runs release {version.peer_release(hello.release)}, older than this "
                 f"gateway's tunnel.min_agent_version {floor}: upgrade the agent (supported releases: docs/skew.md)")
 
-    async def _serve(self, ws: web.WebSocketResponse, claim: Claim, peer: str) -> None:
+    async def _serve(self, ws: web.WebSocketResponse, claim: Claim, peer: str, clock: float | None) -> None:
         try:
             session, hello = await accept(ws, functools.partial(self._admit, claim, peer),
                                           functools.partial(self._refused, claim, peer), limits=self.limits,
@@ -243,7 +258,7 @@ class TunnelEndpoint:
         pools = claim.pools
         session.on_stream_closed = self._stream_closed
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs,
-                                     release=sys.intern(hello.release))
+                                     release=sys.intern(hello.release), clock_offset=clock)
         # Set before the first frame is read (session.run below); a partial costs less than a closure and its cells.
         session.on_control = functools.partial(self.control.dispatch, agent_session)
         if self.layer3 is not None:

@@ -162,6 +162,8 @@ class Views:
                 "draining": sess.session.state is SessionState.DRAINING, "nodes": len(sess.nodes),
                 # The agent's release (None: it announced none, so it is 0.1.0) and the protocol agreed with it.
                 "version": sess.release or None, "protocol": sess.session.core.version,
+                # Its clock minus this gateway's, from its upgrade request's Date (None: it sent none).
+                "clock_offset_seconds": sess.clock_offset,
                 # Its latest registration's refusals (a node of another pool, a reserved name ...): the count
                 # and the first few, each with its reason. The agent chose the names: escaped for a terminal.
                 "refused": sess.refused_count,

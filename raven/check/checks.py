@@ -108,14 +108,23 @@ def gateway_pods(view: ClusterView) -> Result:
     return passed(name, what)
 
 
-def _hosts_addresses(view: ClusterView) -> set[str]:
-    out: set[str] = set()
+def hosts_entries(view: ClusterView) -> list[tuple[str, str]]:
+    """(address, name) of the published hosts file's lines for nodes Raven reaches: a node of a direct or layer3
+    pool is listed at its own address (hosts.direct: internal-ip), not at the Service's."""
+    pools = configured_pools(view)
+    label = pool_label(view)
+    elsewhere = {str(n["metadata"]["name"]) for n in view.nodes
+                 if pools.get(((n.get("metadata") or {}).get("labels") or {}).get(label, ""), "tunnel") != "tunnel"}
+    out = []
     for text in ((view.hosts_configmap or {}).get("data") or {}).values():
         for line in str(text).splitlines():
             words = line.split("#", 1)[0].split()
-            if len(words) >= 2:
-                out.add(words[0])
+            out += [(words[0], name) for name in words[1:] if name not in elsewhere]
     return out
+
+
+def _hosts_addresses(view: ClusterView) -> set[str]:
+    return {address for address, _ in hosts_entries(view)}
 
 
 def service_address(view: ClusterView) -> Result:

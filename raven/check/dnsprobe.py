@@ -5,6 +5,7 @@ the cluster's DNS (the kube-dns Service, or ``--dns-server``), must resolve to t
 
 from __future__ import annotations
 
+from raven.check.checks import hosts_entries
 from raven.check.reader import ClusterView
 from raven.check.results import Result, failed, passed
 from raven.dns.check import check_all
@@ -15,12 +16,8 @@ NAME = "dns-sample"
 
 
 def sample_names(view: ClusterView, count: int = SAMPLE) -> list[str]:
-    names: set[str] = set()
-    for text in ((view.hosts_configmap or {}).get("data") or {}).values():
-        for line in str(text).splitlines():
-            words = line.split("#", 1)[0].split()
-            names.update(words[1:])
-    return sorted(names)[:count]
+    """Edge names the hosts file sends to the Service (not a direct pool's, listed at the node's own address)."""
+    return sorted({name for _, name in hosts_entries(view)})[:count]
 
 
 def _cluster_ip(svc: dict[str, object] | None) -> str | None:

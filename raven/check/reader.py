@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from kubernetes_asyncio import client
 
 from raven.errors import CommandFailed
 from raven.kube.client import KubeApiError, api_client, call_json
+from raven.ops import client as ops_client
 
 Obj = dict[str, Any]
 NAMESPACE = "kube-system"
@@ -30,7 +31,25 @@ AGENT_SELECTOR = "app.kubernetes.io/name=raven-agent"
 HOSTS_CONFIGMAP = "edge-tunnel-nodes"
 TOKEN_SECRET = "raven-gateway-front-token"
 OPS_PORT = 10265
-MAX_STATUS_BYTES = 64 << 20  # one replica's /status for 10,000 nodes is a few MB
+OPERATED_PROMETHEUS = "operated-prometheus=true"  # the Prometheus Operator's governing Service
+MAX_METRICS_BYTES = 8 << 20  # a gateway's /metrics: series per pool, not per node
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Another machine's wall clock against this one's, from one request: ``offset`` (theirs minus ours, seconds)
+    give or take ``error`` (half the round trip, plus a second when the reading is a Date header's whole seconds).
+    """
+
+    offset: float
+    error: float
+
+    @staticmethod
+    def of(sent: float, received: float, theirs: float, whole_seconds: bool) -> Clock:
+        half = (received - sent) / 2
+        if whole_seconds:  # a Date header truncates: their clock was in [theirs, theirs + 1)
+            return Clock(theirs + 0.5 - (sent + half), half + 0.5)
+        return Clock(theirs - (sent + half), half)
 
 
 @dataclass
@@ -46,7 +65,8 @@ class ClusterView:
     nodes: list[Obj] = field(default_factory=list)
     agents: list[Obj] = field(default_factory=list)  # agent Deployments, one per pool
     secrets: dict[str, Obj | None] = field(default_factory=dict)  # TLS Secrets by name
-    statuses: dict[str, Obj | str] = field(default_factory=dict)  # ops URL -> /status, or why it could not be read
+    prometheus_services: list[Obj] = field(default_factory=list)  # the Operator's prometheus-operated Services
+    api_clock: Clock | None = None  # the API server's Date against this machine's clock (None: it sent none)
 
 
 def secret_value(secret: Obj | None, key: str) -> bytes | None:
@@ -112,32 +132,58 @@ async def read_cluster(kubeconfig: Path | None, timeout: float) -> ClusterView:
         for name in tls_secret_names([view.gateway_workload, *view.agents]):
             view.secrets[name] = await get(v1.read_namespaced_secret, name, NAMESPACE)
         view.secrets[TOKEN_SECRET] = await get(v1.read_namespaced_secret, TOKEN_SECRET, NAMESPACE)
+        found = await get(v1.list_service_for_all_namespaces, label_selector=OPERATED_PROMETHEUS)
+        view.prometheus_services = list((found or {}).get("items") or [])
+        view.api_clock = await _api_clock(client.VersionApi(api), timeout)
         return view
     finally:
         await api.close()
 
 
-async def fetch_status(url: str, token: str | None, timeout: float) -> Obj | str:
-    """One replica's ``/status``, or a sentence saying why it could not be read."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+async def _api_clock(version_api: client.VersionApi, timeout: float) -> Clock | None:
+    """The API server's clock, from the Date header of its answer to ``GET /version``."""
+    sent = time.time()
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
-            async with http.get(url.rstrip("/") + "/status", headers=headers) as resp:
-                if resp.status == 401:
-                    return f"{url} refused the token (401): pass --token-file with one of front.auth's tokens"
-                if resp.status != 200:
-                    return f"{url}/status answered HTTP {resp.status}"
-                body = await resp.content.read(MAX_STATUS_BYTES + 1)
-                if len(body) > MAX_STATUS_BYTES:
-                    return f"{url}/status is larger than {MAX_STATUS_BYTES >> 20} MiB"
-                doc = json.loads(body)
-                return doc if isinstance(doc, dict) else f"{url}/status is not a Raven gateway's status"
-    except (aiohttp.ClientError, OSError) as exc:
-        return f"cannot reach {url}: {type(exc).__name__}: {exc}"
-    except TimeoutError:
-        return f"{url} did not answer within {timeout:g}s"
-    except ValueError:
-        return f"{url}/status is not JSON (is it a Raven gateway's ops listener?)"
+        async with asyncio.timeout(timeout):
+            resp: aiohttp.ClientResponse = await version_api.get_code(  # type: ignore[assignment]
+                _preload_content=False, _request_timeout=timeout)
+            try:
+                await resp.read()
+                date = resp.headers.get("Date")
+            finally:
+                resp.release()
+    except (TimeoutError, aiohttp.ClientError, KubeApiError):
+        return None
+    theirs = ops_client.parse_date(date)
+    return Clock.of(sent, time.time(), theirs, whole_seconds=True) if theirs is not None else None
+
+
+@dataclass(frozen=True)
+class ReplicaRead:
+    """One replica's ``/status`` and, when it could be read, its ``/metrics`` (None: not read) and the reply's
+    clock readings; or why it could not be read (``error``)."""
+
+    status: Obj | None
+    error: str = ""
+    metrics: str | None = None
+    reply: ops_client.Reply | None = None
+
+
+async def fetch_replica(url: str, token: str | None, timeout: float) -> ReplicaRead:
+    """One replica's ``/status`` and ``/metrics`` (raven/ops/client.py: bounded), or a sentence saying why not."""
+    try:
+        reply = await ops_client.get(url.rstrip("/") + "/status", token, timeout)
+        doc = reply.json()
+        if not isinstance(doc, dict):
+            return ReplicaRead(None, f"{url}/status is not a Raven gateway's status")
+    except ops_client.OpsReadError as exc:
+        return ReplicaRead(None, str(exc))
+    try:
+        metrics = (await ops_client.get(url.rstrip("/") + "/metrics", None, timeout, MAX_METRICS_BYTES)).body
+        text: str | None = metrics.decode("utf-8", "replace")
+    except ops_client.OpsReadError:
+        text = None
+    return ReplicaRead(doc, metrics=text, reply=reply)
 
 
 def ops_urls(view: ClusterView, explicit: list[str]) -> list[str]:
@@ -153,6 +199,6 @@ def ops_urls(view: ClusterView, explicit: list[str]) -> list[str]:
     return urls
 
 
-async def read_statuses(urls: list[str], token: str | None, timeout: float) -> dict[str, Obj | str]:
-    results = await asyncio.gather(*(fetch_status(u, token, timeout) for u in urls))
+async def read_replicas(urls: list[str], token: str | None, timeout: float) -> dict[str, ReplicaRead]:
+    results = await asyncio.gather(*(fetch_replica(u, token, timeout) for u in urls))
     return dict(zip(urls, results, strict=True))

@@ -11,14 +11,16 @@ import os
 import sys
 from pathlib import Path
 
-from raven.check import checks, dnsprobe, pre, reader, results
+from raven.check import checks, clock, descriptors, dnsprobe, pre, prom, reader, results
 from raven.errors import UsageError
 
 DESCRIPTION = """\
 Check a Raven installation: the gateway Pods, the front Service's address against the hosts file, CoreDNS's
 Corefile and mount, a sample of edge names resolving to the Service, every Node's pool, every pool's agents and
-their sessions to every gateway replica, the certificates (more than 14 days left), and the gateway/agent release
-skew. One line per check, ✔ or ✘; under each ✘, what to run. Exit status 0 when all passed, 1 otherwise.
+their sessions to every gateway replica, the certificates (more than 14 days left), the gateway/agent release
+skew, the clocks (this machine, the API server, the gateway replicas and the agents within 5 s), Prometheus
+scraping the edge job with up 1 for a sample of nodes, and each replica's open-files limit against the fleet's
+need. One line per check, ✔ or ✘; under each ✘, what to run. Exit status 0 when all passed, 1 otherwise.
 
 With --pre, check a cluster before installing instead: the API server's version, CoreDNS, cert-manager (with
 --certificates cert-manager) and that --service-address is free."""
@@ -36,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="the front end's bearer token for /status; default: Secret raven-gateway-front-token")
     p.add_argument("--dns-server", metavar="ADDR[:PORT]",
                    help="the DNS server to resolve sample edge names with; default: the kube-dns Service's address")
+    p.add_argument("--prometheus", metavar="URL",
+                   help="Prometheus's HTTP API; default: the Operator's Service prometheus-operated (port 9090, "
+                   "reachable from inside the cluster)")
+    p.add_argument("--prometheus-replicas", type=int, default=2, metavar="N",
+                   help="Prometheus replicas scraping the fleet, each holding a connection per target (default 2: "
+                   "an HA pair); sizes the descriptor check")
     p.add_argument("--output", "-o", choices=["text", "json"], default="text")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
     p.add_argument("--pre", action="store_true", help="check the cluster before installing")
@@ -72,6 +80,8 @@ def _token(args: argparse.Namespace, view: reader.ClusterView) -> str | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if not 1 <= args.prometheus_replicas <= 100:
+        raise UsageError("--prometheus-replicas must be from 1 to 100")
     if not 0 < args.timeout <= 600:
         raise UsageError("--timeout must be more than 0 and at most 600 seconds")
     kubeconfig = _kubeconfig(args.kubeconfig)
@@ -80,10 +90,21 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.pre:
             return await pre.run(kubeconfig, args.service_address, args.certificates, args.timeout)
         view = await reader.read_cluster(kubeconfig, args.timeout)
-        statuses = await reader.read_statuses(reader.ops_urls(view, args.gateway), _token(args, view), args.timeout)
+        replicas = await reader.read_replicas(reader.ops_urls(view, args.gateway), _token(args, view), args.timeout)
+        statuses = {url: r.status if r.status is not None else r.error for url, r in replicas.items()}
         found = checks.run_all(view, statuses, dt.datetime.now(dt.UTC))
         at = next(i for i, r in enumerate(found) if r.check == "coredns-corefile") + 1
         found.insert(at, await dnsprobe.dns_sample(view, args.dns_server, args.timeout))
+        found.append(clock.clock_skew(view, replicas))
+        url = args.prometheus or prom.service_url(view.prometheus_services)
+        scraped = None
+        if url is not None:
+            scraped = await prom.read_prometheus(url, prom.sample_nodes(replicas, dnsprobe.sample_names(view, 50)),
+                                                 args.timeout)
+        found.append(prom.prometheus(scraped))
+        nodes = max((descriptors.tunnel_nodes(r.status) for r in replicas.values() if r.status), default=0)
+        per_node = scraped.targets_per_node(nodes) if scraped is not None else None
+        found.append(descriptors.descriptors(view, replicas, per_node, args.prometheus_replicas))
         return found
 
     found = asyncio.run(main())

@@ -189,41 +189,12 @@ def _count(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _token_headers(path: Path | None) -> dict[str, str]:
-    """The bearer token for a gateway's inventory endpoints, read from a file (never from the command line)."""
-    if path is None:
-        return {}
-    try:
-        token = next((line.strip() for line in path.read_text().splitlines() if line.strip()), "")
-    except OSError as exc:
-        raise UsageError(f"cannot read --token-file {str(path)!r}: {exc.strerror or exc}") from None
-    if not token:
-        raise UsageError(f"--token-file {str(path)!r} holds no token")
-    return {"Authorization": f"Bearer {token}"}
-
-
 async def _ops_json(gateway: str, path: str, token_file: Path | None, timeout: float = 10.0) -> Any:
-    """GET a JSON document from a gateway's ops listener; every failure is a CommandFailed that says why."""
-    import aiohttp
+    """GET a JSON document from a gateway's ops listener (bounded: raven/ops/client.py); every failure is a
+    CommandFailed that says why."""
+    from raven.ops import client
 
-    url = gateway.rstrip("/") + path
-    headers = _token_headers(token_file)
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
-            async with http.get(url, headers=headers) as resp:
-                if resp.status == 401:
-                    raise CommandFailed(f"{url} needs the front end's bearer token: pass --token-file FILE"
-                                        if not headers else f"{url} did not accept the token in --token-file")
-                if resp.status != 200:
-                    raise CommandFailed(f"{url} answered HTTP {resp.status} (is it a Raven gateway's ops listener?)")
-                return await resp.json()
-    except aiohttp.ClientConnectorError as exc:
-        raise CommandFailed(f"cannot connect to {gateway}: {exc.os_error.strerror or exc.os_error}") from None
-    except TimeoutError:
-        raise CommandFailed(f"{url} did not answer within {timeout:g}s") from None
-    except (aiohttp.ClientError, ValueError) as exc:
-        raise CommandFailed(f"cannot read {url} (is it a Raven gateway's ops listener?): "
-                            f"{type(exc).__name__}: {exc}") from None
+    return await client.get_json(gateway, path, client.read_token_file(token_file), timeout)
 
 
 async def _gateway_nodes(url: str, token_file: Path | None = None) -> tuple[list[str], list[str]]:

@@ -16,8 +16,9 @@ from pathlib import Path
 import yaml
 
 from raven import version
+from raven.errors import UsageError
 from raven.install import answers as answers_mod
-from raven.install import render, secrets
+from raven.install import coredns, render, secrets
 
 DESCRIPTION = """\
 Print everything Raven needs in one cluster as one YAML stream, ready for `kubectl apply -f -`: the gateways,
@@ -28,7 +29,8 @@ there once, reused after); Secrets are printed only with --with-secrets, otherwi
 them from those files are written to standard error.
 
 Answers come from --answers FILE (YAML; see raven/install/answers.py for every key) and/or the flags below.
-Then patch CoreDNS (deploy/coredns/README.md) and run `raven check`."""
+With --coredns, the cluster's CoreDNS Deployment and ConfigMap are printed too, with Raven's hosts file
+mounted and served (otherwise patch CoreDNS by hand: deploy/coredns/README.md). Then run `raven check`."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +57,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "mode 0700; never commit it)")
     p.add_argument("--with-secrets", action="store_true",
                    help="print the Secrets too (their contents: keep the output private)")
+    p.add_argument("--coredns", metavar="FILE",
+                   help="also print the cluster's CoreDNS Deployment and ConfigMap with Raven's hosts file mounted and "
+                   "served, from FILE ('-': standard input), the output of: kubectl -n kube-system get "
+                   "deployment,configmap coredns -o yaml")
     p.add_argument("--kubectl", metavar="PATH", help="the kubectl to render with (kustomize v5)")
     p.add_argument("--source", type=Path, metavar="DIR", help="a Raven checkout holding deploy/ and certs/ "
                    "(default: the one this raven runs from)")
@@ -73,10 +79,21 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _read_input(name: str) -> str:
+    try:
+        if name == "-":
+            return sys.stdin.read(coredns.MAX_INPUT + 1)
+        with open(name, encoding="utf-8") as f:
+            return f.read(coredns.MAX_INPUT + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --coredns {name!r}: {exc}") from None
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     answers = answers_mod.load(args.answers, _flags(args))
     root = (args.source or render.source_root()).resolve()
     kubectl_path = render.kubectl(args.kubectl)
+    dns_objects = coredns.render(_read_input(args.coredns), root) if args.coredns else []
     made = secrets.ensure_files(answers, args.secrets_dir, render.gateway_dns_names(root))
     stream = render.render(answers, root, kubectl_path)
     needed = secrets.specs(answers, args.secrets_dir)
@@ -87,6 +104,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     if args.with_secrets:
         for spec in needed:
             out.append("---\n" + yaml.safe_dump(secrets.secret_object(spec), sort_keys=True))
+    for obj in dns_objects:
+        out.append("---\n" + yaml.safe_dump(obj, sort_keys=True))
     sys.stdout.write("".join(out))
     for path in made:
         print(f"raven install: made {path}", file=sys.stderr)
@@ -95,5 +114,7 @@ def cmd_install(args: argparse.Namespace) -> int:
               f"{args.secrets_dir} (or rerun with --with-secrets):", file=sys.stderr)
         for line in secrets.secret_commands(needed):
             print(f"  {line}", file=sys.stderr)
-    print("raven install: then patch CoreDNS (deploy/coredns/README.md) and run: raven check", file=sys.stderr)
+    if not args.coredns:
+        print("raven install: then patch CoreDNS (--coredns, or deploy/coredns/README.md)", file=sys.stderr)
+    print("raven install: then run: raven check", file=sys.stderr)
     return 0

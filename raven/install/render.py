@@ -7,6 +7,7 @@ The tree written (in a temporary folder, removed afterwards):
     kustomization.yaml          resources: gateway/, agent-<pool>/ for each tunnel or layer3 pool, certs/, monitoring
     gateway/                    deploy/overlays/production (or overlays/layer3) + image, Service address, pools' reach
     agent-<pool>/               deploy/agent/base (+ agent/components/layer3) + suffix, selector, pool, Secret
+    check/                      deploy/check (raven check's read-only ServiceAccount) + each pool's TLS Secret name
     certs/, cert-<pool>/        cert-manager: certs/manifests' Issuer and gateway Certificate; the pool-a
                                 Certificate renamed per pool
     prometheus/                 plain Prometheus: ConfigMap raven-prometheus (scrape jobs and rule file)
@@ -193,6 +194,18 @@ def _prometheus(deploy: Path, out: Path) -> None:
     })
 
 
+def _check(answers: Answers, deploy: Path, out: Path) -> None:
+    """deploy/check (raven check's ServiceAccount and read-only roles), its Secrets' names for these pools."""
+    _dump(out, {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [_rel(deploy / "check", out)],
+        "patches": [{"target": {"kind": "Role", "name": "raven-check", "namespace": "kube-system"},
+                     "patch": yaml.safe_dump([{"op": "add", "path": "/rules/2/resourceNames/-",
+                                               "value": f"raven-agent-tls-{p.name}"}
+                                              for p in agent_pools(answers)])}] if agent_pools(answers) else [],
+    })
+
+
 def gateway_dns_names(root: Path) -> list[str]:
     """The names the shipped gateway Certificate lists (agents verify one of them)."""
     doc = yaml.safe_load((root / "certs" / "manifests" / "gateway-certificate.yaml").read_text())
@@ -209,6 +222,8 @@ def write_tree(answers: Answers, root: Path, out: Path) -> None:
     for pool in agent_pools(answers):
         _agent(answers, pool, deploy, out / f"agent-{pool.name}")
         resources.append(f"agent-{pool.name}")
+    _check(answers, deploy, out / "check")
+    resources.append("check")
     if answers.certificates == "cert-manager":
         resources += _certificates(answers, root / "certs" / "manifests", out)
     if answers.monitoring == "operator":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from raven import version
 from raven.ops.gcpause import GcCollector
@@ -63,6 +63,8 @@ class GatewayMetrics:
         )
         self.cert_expiry = cert_expiry_gauge(r)
         r.register(GcCollector())
+        # process_open_fds and process_max_fds (and CPU, memory): raven check sets them against the fleet's need.
+        ProcessCollector(registry=r)
         self.front_refused = Counter(
             "raven_gateway_front_refused",
             "Front-end requests and connections refused by a limit or a check, by reason (a fixed word)",

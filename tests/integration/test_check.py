@@ -14,7 +14,8 @@ import copy
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from raven.dns.hosts import render as render_hosts
 from tests.support.dnsmasq import Dnsmasq
 from tests.support.fakekube import FakeKube
 from tests.support.paths import ROOT
+from tests.support.promtargets import PromTargets
 
 RAVEN = [sys.executable, "-m", "raven.cli"]
 POOL = "apps.openyurt.io/nodepool"
@@ -43,6 +45,7 @@ pools:
     reach: direct
 """
 REPLICAS = ("raven-gateway-a1b2c", "raven-gateway-d3e4f")
+EDGE_NODES = ("edge-a-1", "edge-b-1")
 DEFAULT_COREFILE = """.:53 {
     errors
     health {
@@ -100,25 +103,32 @@ def coredns_deployment() -> dict[str, Any]:
 
 @dataclass
 class Replica:
-    """One gateway replica's ops listener: /status behind the front end's bearer token."""
+    """One gateway replica's ops listener: /status behind the front end's bearer token (its ``time`` this
+    machine's clock plus ``skew``), and /metrics with the process's descriptors."""
 
     status: dict[str, Any]
     token: str
     url: str = ""
+    skew: float = 0.0
+    fds: tuple[int, int] = (40, 1048576)  # process_open_fds, process_max_fds
 
     async def handle(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.Response(status=401)
-        return web.json_response(self.status)
+        return web.json_response({**self.status, "time": time.time() + self.skew})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=f"# TYPE process_open_fds gauge\nprocess_open_fds {self.fds[0]}\n"
+                            f"# TYPE process_max_fds gauge\nprocess_max_fds {self.fds[1]}\n")
 
 
 def status_of(replica: str, pools: dict[str, str]) -> dict[str, Any]:
     """A /status as gateway/status.py builds it (the keys raven check reads), every pool with two agents."""
     return {
         "replica": replica, "replicas": 1, "version": version.RELEASE, "ready": True, "draining": False,
-        "pools": [{"pool": pool, "reach": reach, "agents": [] if reach == "direct" else [
-            {"agent": f"agent-{pool}-1", "session": f"{i:08x}", "draining": False, "version": version.RELEASE,
-             "protocol": 3} for i in range(2)]} for pool, reach in sorted(pools.items())],
+        "pools": [{"pool": pool, "reach": reach, "nodes": 1, "agents": [] if reach == "direct" else [
+            {"agent": f"agent-{pool}-1", "session": f"{pool}{i}", "draining": False, "version": version.RELEASE,
+             "protocol": 3, "clock_offset_seconds": 0.0} for i in range(2)]} for pool, reach in sorted(pools.items())],
         "nodes": [],
     }
 
@@ -131,6 +141,7 @@ class Cluster:
     token_file: Path
     secrets: Path
     dns: Dnsmasq | None = None  # the cluster DNS: dnsmasq reading the published hosts file, as CoreDNS would
+    prometheus: PromTargets | None = None
 
 
 async def start_dns(fake: FakeKube, tmp_path: Path) -> Dnsmasq:
@@ -141,7 +152,13 @@ async def start_dns(fake: FakeKube, tmp_path: Path) -> Dnsmasq:
     return dns
 
 
-def seed(fake: FakeKube, docs: list[dict[str, Any]]) -> None:
+def seed(fake: FakeKube, docs: list[dict[str, Any]], edge: dict[str, str] | None = None,
+         direct: dict[str, str] | None = None, hosts: str | None = None) -> None:
+    """The rendered objects, as a healthy cluster has them: ``edge`` (node -> tunnel pool, default EDGE_NODES in
+    pool-a and pool-b) and ``direct`` (node -> direct pool) Nodes, and the hosts file (default: the edge nodes at
+    ADDRESS)."""
+    edge = edge if edge is not None else {n: f"pool-{n[5]}" for n in EDGE_NODES}
+    direct = direct if direct is not None else {"dc-1-gpu": "dc-1"}
     for doc in docs:
         doc = copy.deepcopy(doc)
         if doc["kind"] == "ConfigMap":
@@ -160,19 +177,36 @@ def seed(fake: FakeKube, docs: list[dict[str, Any]]) -> None:
     fake.objects.put(coredns_deployment())
     fake.configmaps[("kube-system", "coredns")] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
         "name": "coredns", "namespace": "kube-system"}, "data": {"Corefile": corefile_with_snippet()}}
-    edge = {"openyurt.io/is-edge-worker": "true"}
     fake.add_node("cloud-1", {})
-    fake.add_node("edge-a-1", {POOL: "pool-a", **edge})
-    fake.add_node("edge-b-1", {POOL: "pool-b", **edge})
-    fake.add_node("dc-1-gpu", {POOL: "dc-1"})
+    for node, pool in edge.items():
+        fake.add_node(node, {POOL: pool, "openyurt.io/is-edge-worker": "true"})
+    for node, pool in direct.items():
+        fake.add_node(node, {POOL: pool})
     fake.configmaps[("kube-system", "edge-tunnel-nodes")] = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "edge-tunnel-nodes", "namespace": "kube-system"},
-        "data": {"tunnel-nodes": render_hosts(["edge-a-1", "edge-b-1"], [ADDRESS])}}
+        # A direct pool's node at its own address, as the gateway lists it with hosts.direct: internal-ip.
+        "data": {"tunnel-nodes": hosts if hosts is not None else render_hosts(sorted(edge), [ADDRESS])
+                 + "".join(f"10.0.9.{i}\t{node}\n" for i, node in enumerate(sorted(direct), 1))}}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromTargets]:
+    """A real Prometheus scraping job edge-dcgm with a target per edge node of the seeded cluster."""
+    targets = PromTargets(tmp_path_factory.mktemp("prometheus"), list(EDGE_NODES))
+    try:
+        targets.start()
+        yield targets
+    finally:
+        targets.close()
 
 
 @pytest.fixture
-async def cluster(installed: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> AsyncIterator[Cluster]:
+async def cluster(installed: tuple[Path, list[dict[str, Any]]], prometheus: PromTargets, tmp_path: Path
+                  ) -> AsyncIterator[Cluster]:
     secrets, docs = installed
+    if prometheus.down:  # an earlier test's fault: every target up again first
+        prometheus.down.clear()
+        await asyncio.to_thread(prometheus.wait, lambda up: set(up.values()) == {1.0})
     fake = FakeKube()
     await fake.start()
     token = (secrets / "front-token").read_text().strip()
@@ -186,6 +220,7 @@ async def cluster(installed: tuple[Path, list[dict[str, Any]]], tmp_path: Path) 
         for replica in replicas:
             app = web.Application()
             app.router.add_get("/status", replica.handle)
+            app.router.add_get("/metrics", replica.metrics)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -193,7 +228,7 @@ async def cluster(installed: tuple[Path, list[dict[str, Any]]], tmp_path: Path) 
             runners.append(runner)
             replica.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         yield Cluster(fake, replicas, fake.write_kubeconfig(tmp_path / "kubeconfig"), secrets / "front-token",
-                      secrets, dns)
+                      secrets, dns, prometheus)
     finally:
         for runner in runners:
             await runner.cleanup()
@@ -211,6 +246,8 @@ async def check(c: Cluster, *extra: str, token: bool = False) -> tuple[int, dict
         args += ["--token-file", str(c.token_file)]
     if c.dns is not None:
         args += ["--dns-server", c.dns.server]
+    if c.prometheus is not None and "--prometheus" not in extra:
+        args += ["--prometheus", c.prometheus.url]
     outputs = []
     for fmt in ("json", "text"):
         proc = await asyncio.create_subprocess_exec(*args, "-o", fmt, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -234,8 +271,12 @@ async def test_healthy_cluster_passes_every_check(cluster: Cluster) -> None:
     assert names == ["gateway-pods", "service-address", "coredns-mount", "coredns-corefile", "dns-sample",
                      "node-pools", "ops-api",
                      "agents pool-a", "agents pool-b", "cert raven-agent-tls-pool-a", "cert raven-agent-tls-pool-b",
-                     "cert raven-gateway-tls", "release-skew"]
-    assert "✔ gateway-pods" in text and "✘" not in text and "13 of 13 checks passed" in text
+                     "cert raven-gateway-tls", "release-skew", "clock-skew", "prometheus", "descriptors"]
+    assert "✔ gateway-pods" in text and "✘" not in text and "16 of 16 checks passed" in text
+    rows = {c["check"]: c["detail"] for c in doc["checks"]}
+    assert "up is 1 for edge-a-1, edge-b-1" in rows["prometheus"] and "edge-dcgm 2 targets" in rows["prometheus"]
+    # 2 nodes x 1 target x 2 Prometheus replicas over 2 gateway replicas with one away, 4 sessions, 2048 reserve
+    assert "raven-gateway-a1b2c 40/1048576 open, needs 2056" in rows["descriptors"], rows["descriptors"]
 
 
 def _drop_corefile_block(c: Cluster) -> None:
@@ -251,6 +292,27 @@ def _names_resolve_elsewhere(c: Cluster) -> None:
     assert c.dns is not None
     c.dns.hosts_file.write_text(render_hosts(["edge-a-1", "edge-b-1"], ["10.96.0.7"]))
     c.dns.reload()
+
+
+def _gateway_pod_not_ready(c: Cluster) -> None:
+    pod = c.fake.objects.items[("pods", "kube-system", REPLICAS[1])]
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    c.fake.objects.items[("daemonsets", "kube-system", "raven-gateway")]["status"]["numberReady"] = 1
+
+
+def _coredns_without_mount(c: Cluster) -> None:
+    dep = c.fake.objects.items[("deployments", "kube-system", "coredns")]
+    spec = dep["spec"]["template"]["spec"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] == "config-volume"]
+    spec["containers"][0]["volumeMounts"] = spec["containers"][0]["volumeMounts"][:1]
+
+
+def _node_in_unknown_pool(c: Cluster) -> None:
+    c.fake.add_node("edge-z-1", {POOL: "pool-z", "openyurt.io/is-edge-worker": "true"})
+
+
+def _agents_not_ready(c: Cluster) -> None:
+    c.fake.objects.items[("deployments", "kube-system", "raven-agent-pool-a")]["status"]["readyReplicas"] = 0
 
 
 def _unlabelled_node(c: Cluster) -> None:
@@ -284,6 +346,26 @@ def _old_agent(c: Cluster) -> None:
                 agent["version"] = "0.2.0" if pool["pool"] == "pool-a" else "0.5.0"
 
 
+def _skewed_replica(c: Cluster) -> None:
+    c.replicas[1].skew = 120.0
+
+
+def _skewed_agent(c: Cluster) -> None:
+    for replica in c.replicas:
+        pool_a = next(p for p in replica.status["pools"] if p["pool"] == "pool-a")
+        pool_a["agents"][0]["clock_offset_seconds"] = -45.0
+
+
+def _node_down_in_prometheus(c: Cluster) -> None:
+    assert c.prometheus is not None
+    c.prometheus.down.add("edge-b-1")
+    c.prometheus.wait(lambda up: up.get("edge-b-1") == 0)
+
+
+def _low_descriptor_limit(c: Cluster) -> None:
+    c.replicas[0].fds = (40, 1024)
+
+
 FAULTS: list[tuple[str, Callable[[Cluster], None], str, str, str]] = [
     ("missing Corefile block", _drop_corefile_block, "coredns-corefile", "/etc/edge/tunnel-nodes",
      "deploy/coredns/Corefile.snippet"),
@@ -293,6 +375,14 @@ FAULTS: list[tuple[str, Callable[[Cluster], None], str, str, str]] = [
      "CoreDNS does not serve the hosts file"),
     ("unlabelled Node", _unlabelled_node, "node-pools", "edge-x-9",
      "kubectl label node edge-x-9 apps.openyurt.io/nodepool=POOL"),
+    ("gateway Pod not ready", _gateway_pod_not_ready, "gateway-pods", f"not ready: {REPLICAS[1]}",
+     f"kubectl -n kube-system describe pod {REPLICAS[1]}"),
+    ("CoreDNS without the mount", _coredns_without_mount, "coredns-mount", "does not mount ConfigMap edge-tunnel-nodes",
+     "--patch-file deploy/coredns/coredns-patch.yaml"),
+    ("Node in an unknown pool", _node_in_unknown_pool, "node-pools", "pool pool-z (nodes edge-z-1) is not configured",
+     "raven install ... --pool pool-z"),
+    ("agents not ready", _agents_not_ready, "agents pool-a", "no ready agent in raven-agent-pool-a",
+     "kubectl -n kube-system logs deploy/raven-agent-pool-a"),
     ("pool with no agent", _pool_without_agent, "agents pool-b", "no agent Deployment",
      "raven install ... --pool pool-b"),
     ("no session to a replica", _no_session_on_one_replica, "agents pool-b", REPLICAS[1],
@@ -300,6 +390,13 @@ FAULTS: list[tuple[str, Callable[[Cluster], None], str, str, str]] = [
     ("expiring certificate", _expiring_certificate, "cert raven-agent-tls-pool-a", "days (less than 14)",
      "describe certificate"),
     ("old agent", _old_agent, "release-skew", "pool-a (0.2.0)", "raven install --image REPOSITORY:0.5.0"),
+    ("skewed gateway clock", _skewed_replica, "clock-skew",
+     f"gateway replica {REPLICAS[1]} is 1", "timedatectl set-ntp true"),  # 120 s ahead, to a tenth
+    ("skewed agent clock", _skewed_agent, "clock-skew", "agent agent-pool-a-1 (pool pool-a, via replica", "behind"),
+    ("node down in Prometheus", _node_down_in_prometheus, "prometheus", "up is 0 for edge-b-1",
+     "raven status --gateway http://GATEWAY:10265 --token-file FILE --node edge-b-1"),
+    ("low descriptor limit", _low_descriptor_limit, "descriptors",
+     f"replica {REPLICAS[0]}: open-files limit 1024, needs 2056", "LimitNOFILE"),
 ]
 
 
@@ -315,7 +412,7 @@ async def test_each_fault_is_reported_with_its_fix(cluster: Cluster, make: Calla
     assert code == 1 and not doc["ok"]
     # This fault, and nothing else (a wrong Service address also means names resolve to an address it lacks).
     assert set(bad) == {name} | ALSO.get(name, set()), text
-    assert detail in bad[name]["detail"] and fix in bad[name]["fix"], bad[name]
+    assert detail in bad[name]["detail"] and (fix in bad[name]["fix"] or fix in bad[name]["detail"]), bad[name]
     assert f"✘ {name}" in text and "fix: " in text
 
 
@@ -327,7 +424,7 @@ async def test_unreachable_ops_and_wrong_token_say_what_to_do(cluster: Cluster, 
     assert code == 1 and "refused the token" in bad["ops-api"]["detail"]
     cluster.replicas[0].url = "http://127.0.0.1:9"  # nothing listens on the discard port
     code, doc, _ = await check(cluster, token=True)
-    assert code == 1 and "cannot reach http://127.0.0.1:9" in failures(doc)["ops-api"]["detail"]
+    assert code == 1 and "cannot connect to http://127.0.0.1:9/status" in failures(doc)["ops-api"]["detail"]
     assert "port-forward" in failures(doc)["ops-api"]["fix"]
 
 
@@ -343,3 +440,7 @@ async def test_pre_install_checks(cluster: Cluster) -> None:
     bad = failures(doc)
     assert code == 1 and set(bad) == {"api-version", "cert-manager", "service-address"}
     assert "x/other" in bad["service-address"]["detail"] and "v1.27.3" in bad["api-version"]["detail"]
+    cluster.fake.objects.remove("Deployment", "kube-system", "coredns")  # no CoreDNS: the proxy mode is the way
+    code, doc, _ = await check(cluster, "--pre", "--service-address", "10.96.0.51", "--certificates", "raven")
+    bad = failures(doc)
+    assert code == 1 and set(bad) == {"api-version", "coredns"} and "proxy mode" in bad["coredns"]["fix"]

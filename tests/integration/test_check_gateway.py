@@ -7,6 +7,9 @@ the gateway's own ``/status``; when a pool's agents stop, the check names the po
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import email.utils
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,14 +17,26 @@ from typing import Any
 import pytest
 
 from raven.demo.launch import LocalCluster, PoolSpec
-from tests.integration.test_check import Cluster, check, failures, installed, seed, start_dns  # noqa: F401
+from raven.protocol import wire
+from tests.integration.test_check import (  # noqa: F401 (installed, prometheus: fixtures)
+    Cluster,
+    check,
+    failures,
+    installed,
+    prometheus,
+    seed,
+    start_dns,
+)
+from tests.support.agentpeer import Peer
 from tests.support.fakekube import FakeKube
+from tests.support.promtargets import PromTargets
 
 Installed = tuple[Path, list[dict[str, Any]]]
 
 
 @pytest.fixture
-async def real(installed: Installed, tmp_path: Path) -> AsyncIterator[tuple[Cluster, LocalCluster]]:  # noqa: F811
+async def real(installed: Installed, prometheus: PromTargets, tmp_path: Path  # noqa: F811
+               ) -> AsyncIterator[tuple[Cluster, LocalCluster]]:
     """``installed``: test_check.py's module fixture (one real raven install --with-secrets)."""
     secrets, docs = installed
     token = (secrets / "front-token").read_text().strip()
@@ -34,7 +49,7 @@ async def real(installed: Installed, tmp_path: Path) -> AsyncIterator[tuple[Clus
         dns = await start_dns(fake, tmp_path)
         await local.start()
         cluster = Cluster(fake, [], fake.write_kubeconfig(tmp_path / "kubeconfig"), secrets / "front-token", secrets,
-                          dns)
+                          dns, prometheus)
         yield cluster, local
     finally:
         await local.close()
@@ -51,6 +66,10 @@ async def test_sessions_and_releases_from_a_real_gateway(real: tuple[Cluster, Lo
     assert code == 0
     rows = {c["check"]: c["detail"] for c in doc["checks"]}
     assert rows["agents pool-a"] == "2 ready agent(s), sessions to 1 of 1 replicas"
+    # The real agents sent their clocks (Date on the upgrade request), the real gateway its own and its descriptors.
+    assert rows["clock-skew"].startswith("6 clocks within 5s of the API server's"), rows["clock-skew"]
+    assert "did not send their clock" not in rows["clock-skew"]
+    assert " open, needs " in rows["descriptors"], rows["descriptors"]
     assert rows["ops-api"] == "read /status of 1 gateway replica(s)"
     # pool-b's agents stop: the gateway's /status no longer lists a session for it, and the check says so.
     for name in local.agent_names(local.pools[1]):
@@ -63,3 +82,30 @@ async def test_sessions_and_releases_from_a_real_gateway(real: tuple[Cluster, Lo
     bad = failures(doc)
     assert code == 1 and list(bad) == ["agents pool-b"], text
     assert "no session to replica" in bad["agents pool-b"]["detail"]
+
+
+async def test_an_agent_with_a_wrong_clock_is_named_by_the_real_gateway(real: tuple[Cluster, LocalCluster]) -> None:
+    """An agent whose clock is 90 s ahead connects to the real gateway (its upgrade request's Date says so): the
+    gateway keeps the offset, and raven check names the agent and says what to run."""
+    cluster, local = real
+    ops = f"http://127.0.0.1:{local.gateway_metrics_port}"
+    ahead = email.utils.formatdate(time.time() + 90, usegmt=True)
+    async with Peer(local, "agent-pool-a-1") as peer:
+        assert isinstance(await peer.connect(headers={"Date": ahead}), wire.Welcome)
+
+        async def answer_pings() -> None:  # the session stays up however long the checks take
+            while True:
+                await peer.control(timeout=600)
+
+        keep = asyncio.create_task(answer_pings())
+        try:
+            code, doc, text = await check(cluster, "--gateway", ops, token=True)
+        finally:
+            keep.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await keep
+    bad = failures(doc)
+    assert code == 1 and list(bad) == ["clock-skew"], text
+    assert "agent agent-pool-a-1 (pool pool-a, via replica" in bad["clock-skew"]["detail"]
+    assert "s ahead of the API server's clock" in bad["clock-skew"]["detail"]
+    assert "timedatectl set-ntp true" in bad["clock-skew"]["fix"]

@@ -103,6 +103,14 @@ def test_basic_install_is_valid_complete_and_has_no_secret(tmp_path: Path) -> No
     assert (tmp_path / "raven-secrets" / "front-token").stat().st_mode & 0o077 == 0
     assert "create secret generic raven-gateway-front-token" in proc.stderr
     assert token not in proc.stderr
+    # raven check's own ServiceAccount, where the NetworkPolicy lets it reach the ops port: read-only, and of the
+    # Secrets only those it checks, each pool's TLS Secret by name.
+    assert one(docs, "ServiceAccount", "raven-check")["metadata"]["namespace"] == "monitoring"
+    rules = one(docs, "Role", "raven-check")["rules"] + one(docs, "ClusterRole", "raven-check")["rules"]
+    assert {v for r in rules for v in r["verbs"]} == {"get", "list"}
+    (secret_rule,) = [r for r in rules if "secrets" in r["resources"]]
+    assert secret_rule["verbs"] == ["get"] and secret_rule["resourceNames"] == [
+        "raven-gateway-front-token", "raven-gateway-tls", "raven-agent-tls-pool-a", "raven-agent-tls-pool-b"]
 
 
 def test_gateway_and_agents_load_what_was_rendered(tmp_path: Path) -> None:
@@ -170,3 +178,56 @@ def test_bad_answers_are_one_line(tmp_path: Path, args: list[str], message: str)
     proc = run(args, tmp_path, check=False)
     assert proc.returncode != 0 and proc.stdout == ""
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+KUBEADM_COREDNS = {  # what `kubectl -n kube-system get deployment,configmap coredns -o yaml` prints (abridged)
+    "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": [
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"},
+                      "annotations": {"deployment.kubernetes.io/revision": "1"}, "resourceVersion": "4242",
+                      "uid": "0c0ffee0-0000-4000-8000-000000000001", "generation": 1,
+                      "creationTimestamp": "2026-11-01T00:00:00Z", "managedFields": [{"manager": "kubeadm"}]},
+         "spec": {"replicas": 2, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                  "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}}, "spec": {
+                      "containers": [{"name": "coredns", "image": "registry.k8s.io/coredns/coredns:v1.11.3",
+                                      "args": ["-conf", "/etc/coredns/Corefile"],
+                                      "volumeMounts": [{"name": "config-volume", "mountPath": "/etc/coredns",
+                                                        "readOnly": True}]}],
+                      "volumes": [{"name": "config-volume", "configMap": {
+                          "name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}}]}}},
+         "status": {"replicas": 2, "readyReplicas": 2}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "coredns", "namespace": "kube-system", "resourceVersion": "233"},
+         "data": {"Corefile": ".:53 {\n    errors\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n"
+                  "       fallthrough in-addr.arpa ip6.arpa\n    }\n    forward . /etc/resolv.conf {\n"
+                  "       max_concurrent 1000\n    }\n    cache 30\n    reload\n}\n"}},
+    ]}
+
+
+def test_coredns_is_patched_in_the_same_stream_and_passes_raven_checks(tmp_path: Path) -> None:
+    """--coredns -: the cluster's CoreDNS objects come back with the mount and the hosts block (before forward),
+    valid, nothing else of them changed, and the same again when run on its own output."""
+    from raven.check import checks
+    from raven.check.reader import ClusterView
+
+    def install(given: str) -> list[dict[str, Any]]:
+        proc = subprocess.run([*RAVEN, "install", *BASIC, "--coredns", "-"], cwd=tmp_path, input=given,
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return docs_of(proc.stdout)
+
+    docs = install(yaml.safe_dump(KUBEADM_COREDNS))
+    assert_valid(docs)
+    dep, cm = one(docs, "Deployment", "coredns"), one(docs, "ConfigMap", "coredns")
+    assert "status" not in dep and "resourceVersion" not in dep["metadata"] and "managedFields" not in dep["metadata"]
+    original = KUBEADM_COREDNS["items"][0]["spec"]  # type: ignore[index]
+    assert dep["spec"]["selector"] == original["selector"] and dep["spec"]["replicas"] == 2
+    corefile = cm["data"]["Corefile"]
+    assert corefile.index("hosts /etc/edge/tunnel-nodes") < corefile.index("forward .")
+    view = ClusterView(coredns_deployment=dep, coredns_configmap=cm)
+    assert all(r.ok for r in checks.coredns(view)), checks.coredns(view)
+    again = install(yaml.safe_dump_all([dep, cm]))
+    assert one(again, "Deployment", "coredns") == dep and one(again, "ConfigMap", "coredns") == cm
+    bad = subprocess.run([*RAVEN, "install", *BASIC, "--coredns", "-"], cwd=tmp_path, input="kind: [",
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert bad.returncode != 0 and "--coredns: not YAML" in bad.stderr and "Traceback" not in bad.stderr

@@ -57,11 +57,11 @@ class Peer:
         if self.http is not None:
             await self.http.close()
 
-    async def connect(self, session: str | None = None) -> wire.Frame:
+    async def connect(self, session: str | None = None, headers: dict[str, str] | None = None) -> wire.Frame:
         """HELLO (with ``session`` as its session id, default a fresh UUID); returns the gateway's answer (WELCOME
-        or GOAWAY)."""
+        or GOAWAY). ``headers``: added to the upgrade request (a ``Date``, say)."""
         assert self.http is not None
-        self.ws = await self.http.ws_connect(self.url, ssl=self.ctx, max_msg_size=4 << 20)
+        self.ws = await self.http.ws_connect(self.url, ssl=self.ctx, max_msg_size=4 << 20, headers=headers)
         hello = wire.Hello(self.agent, uuid.uuid4().hex if session is None else session, versions=(1,))
         await self.ws.send_bytes(wire.encode(hello))
         return await self.receive()

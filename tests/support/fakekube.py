@@ -173,7 +173,8 @@ def _conditions(ready: bool) -> list[Obj]:
 
 
 class FakeKube:
-    def __init__(self, bookmark_interval: float = 1.0, token: str = "fake-token") -> None:
+    def __init__(self, bookmark_interval: float = 1.0, token: str = "fake-token", host: str = "127.0.0.1") -> None:
+        self.host = host  # the address it listens on
         self.bookmark_interval = bookmark_interval
         self.token = token
         self.rv = 1  # the global resourceVersion counter (one etcd revision for all kinds)
@@ -198,7 +199,7 @@ class FakeKube:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
         app = web.Application(middlewares=[self._middleware])
@@ -213,7 +214,7 @@ class FakeKube:
         self.objects.add_routes(app)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
 

@@ -5,13 +5,16 @@ fails until the other follows.
   the ``hosts.shards`` setting's description quote it;
 - docs/protocol.md's HELLO and WELCOME examples are what this release sends, and its version lists are
   ``SUPPORTED_VERSIONS``;
-- the README names every Debian package scripts/system-deps.sh installs for the test command.
+- the README names every Debian package scripts/system-deps.sh installs for the test command;
+- deploy/README.md's short way (issue 33): at most 5 commands and 1,500 words to read, its ``raven`` commands
+  parse with this release's command line, and its screen is a whole ``raven check`` run.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 from raven.config import GatewayConfig
@@ -99,3 +102,63 @@ def test_the_readme_names_every_package_the_test_command_installs() -> None:
     said = readme.split("The test command also installs", 1)[1].split("and needs root", 1)[0]
     missing = [p for p in packages if not re.search(rf"(?<![\w-]){re.escape(p)}(?![\w-])", said)]
     assert not missing, f"README.md's list of what the test command installs leaves out {missing}"
+
+
+# ---------------------------------------------------------------- deploy/README.md's short way (issue 33)
+
+SHORT_WAY_END = "## The long way, by hand"
+MAX_COMMANDS, MAX_WORDS = 5, 1500
+
+
+def short_way() -> str:
+    """What a user must read to install: deploy/README.md up to the long form (prose, commands and the screen)."""
+    text = (ROOT / "deploy" / "README.md").read_text()
+    return text[:text.index(SHORT_WAY_END)]
+
+
+def short_way_commands() -> list[str]:
+    """The shell commands of the short way's sh blocks, a backslash-continued line joined to the next."""
+    commands: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", short_way(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                commands.append(line.strip())
+    return commands
+
+
+def test_the_short_way_is_five_commands_and_under_1500_words() -> None:
+    words = len(short_way().split())  # whitespace-separated words, as wc -w counts them (code and screen too)
+    commands = short_way_commands()
+    assert words <= MAX_WORDS, f"deploy/README.md's short way is {words} words (at most {MAX_WORDS})"
+    assert 0 < len(commands) <= MAX_COMMANDS, commands
+
+
+def test_the_short_ways_raven_commands_parse() -> None:
+    """Every ``raven`` invocation in the short way (the install pipeline's middle, the check pod's args) is
+    accepted by this release's command line: a renamed or dropped flag fails here."""
+    from raven.cli.commands import build_parser
+
+    parser = build_parser()
+    seen = []
+    for command in short_way_commands():
+        for part in command.split(" | "):
+            words = shlex.split(part)
+            if words and words[0].endswith("bin/raven"):
+                seen.append(words[1])
+                parser.parse_args(words[1:])
+            elif "-- check" in part:
+                seen.append("check")
+                parser.parse_args(words[words.index("--") + 1:])
+    assert seen == ["install", "check"], seen
+    assert "--coredns -" in " ".join(short_way_commands())  # CoreDNS's change is in the one kubectl apply
+
+
+def test_the_short_ways_screen_is_a_whole_passing_run() -> None:
+    screen = re.search(r"```\n(✔.*?)```", short_way(), re.S)
+    assert screen is not None
+    lines = screen[1].splitlines()
+    names = [line.split()[1] for line in lines if line.startswith("✔")]
+    assert lines[-1] == f"{len(names)} of {len(names)} checks passed"
+    for check in ("gateway-pods", "coredns-corefile", "dns-sample", "release-skew", "clock-skew", "prometheus",
+                  "descriptors"):
+        assert check in names, check
