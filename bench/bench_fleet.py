@@ -336,6 +336,12 @@ def report(run: Run, args: argparse.Namespace) -> None:
                 f"reading /sd, both services' /metrics and /status.html every {args.views:g}s (gzip)")
         print(f"  {what}: {latency_line(read)}; without: {latency_line(quiet)}; p99 ratio {p_read / p_quiet:.2f}, "
               f"max ratio {m_read / m_quiet:.2f}")
+        windows: dict[int, list[float]] = collections.defaultdict(list)
+        for r in ok:
+            windows[int((r[0] - args.warmup) // args.phase_seconds)].append(r[2] * 1000)
+        print("  per window (R: reads in it), p99 / max ms: " + ", ".join(
+            f"{k * args.phase_seconds:g}s{' R' if k % 2 else ''} {pct(v, 0.99):.0f}/{max(v):.0f}"
+            for k, v in sorted(windows.items())))
         for path, reads in sorted(run.views.items()):
             ok = [r for r in reads if r[0] == 200]
             ms = [r[2] * 1000 for r in ok]
