@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from raven.ops import exposition
 from raven.ops.exposition import Exposition
 from raven.ops.metrics import AgentMetrics, GatewayMetrics
+from raven.ops.server import MetricsPage
 
 HOSTILE = ['pool "a"', "back\\slash", "new\nline", "ünïcode-✓", "", "x" * 300]
 
@@ -91,3 +92,22 @@ def test_a_scrape_formats_only_the_values_once_the_heads_are_kept(monkeypatch: p
     assert again != first and again == generate_latest(gw.registry) and formatted == []
     gw.requests.labels("pool-1", "scrape", "504").inc()  # a new series: only its own labels are formatted
     assert writer.render() == generate_latest(gw.registry) and sorted(set(formatted)) == ["504", "pool-1", "scrape"]
+
+
+async def test_the_metrics_page_of_the_ops_listener_keeps_the_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = gateway_registry()
+    page = MetricsPage(gw.registry)
+    formatted: list[str] = []
+    real = exposition._value
+
+    def counted(text: str) -> str:
+        formatted.append(text)
+        return real(text)
+
+    monkeypatch.setattr(exposition, "_value", counted)
+    first = await page.page()
+    assert first.body == generate_latest(gw.registry) and formatted  # the first scrape formats the heads
+    formatted.clear()
+    gw.requests.labels("pool-2", "scrape", "200").inc()
+    second = await page.page()
+    assert second.body == generate_latest(gw.registry) and second.body != first.body and formatted == []
