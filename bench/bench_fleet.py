@@ -21,9 +21,9 @@ load average. With --read-metrics N a reader fetches the gateway's and every age
 (as Prometheus scraping both services would) in alternate --phase-seconds windows, and the p99 of those windows
 is compared with the others' (goal: within 1.2x). With --views N the same windows read, every N seconds, what
 Prometheus and an operator read from the gateway: ``/sd?port=P&group=pool`` (``--sd-group node``: one group per
-node) and ``/metrics`` (as Prometheus, with ``Accept-Encoding: gzip``) and the status page ``/status.html`` (as a
-browser left open on it, gzip too); the scrapes' p99 and max with and without those reads are printed, and the
-reads' own sizes and times.
+node) and ``/metrics`` (as Prometheus, with ``Accept-Encoding: gzip``), every agent's ``/metrics`` (Prometheus
+scrapes both services) and the status page ``/status.html`` (as a browser left open on it, gzip too); the scrapes'
+p99 and max with and without those reads (and their ratios) are printed, and the reads' own sizes and times.
 
     .venv/bin/python bench/bench_fleet.py --duration 600
 
@@ -206,10 +206,13 @@ async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subpr
             bearer = {"Authorization": f"Bearer {token}"}
             browser = {"Authorization": "Basic " + base64.b64encode(f"operator:{token}".encode()).decode()}
             sd = f"/sd?port={port}" + ("&group=pool" if args.sd_group == "pool" else "")
-            views = [("/sd", sd, bearer), ("/metrics", "/metrics", {}),
-                     ("/status.html", "/status.html", browser)]
+            views = [(ops, "/sd", sd, bearer), (ops, "/metrics", "/metrics", {}),
+                     (ops, "/status.html", "/status.html", browser)]
+            # Both services' /metrics, as Prometheus scrapes them: every agent's too (they share the machine).
+            views += [(f"http://127.0.0.1:{p}", "/metrics (agents)", "/metrics", {})
+                      for name, p in metrics_ports.items() if name != "gateway"]
             reader = asyncio.ensure_future(read_loop(
-                lambda h: [fetch_view(h, ops + url, headers, run, path) for path, url, headers in views],
+                lambda h: [fetch_view(h, base + url, headers, run, path) for base, path, url, headers in views],
                 args.views, args.phase_seconds, measured, end, run))
         pids = {**pids, "generator": [p.pid for p in procs]}
         cpu0 = {k: sum(proc_stat(p)[0] for p in v) for k, v in pids.items()}
@@ -327,9 +330,18 @@ def report(run: Run, args: argparse.Namespace) -> None:
         quiet = [r for r in recs if not inside(r[0])]
         p_read = pct([r[2] for r in read if r[3] == "200"], 0.99)
         p_quiet = pct([r[2] for r in quiet if r[3] == "200"], 0.99)
+        m_read = max((r[2] for r in read if r[3] == "200"), default=float("nan"))
+        m_quiet = max((r[2] for r in quiet if r[3] == "200"), default=float("nan"))
         what = (f"reading /metrics every {args.read_metrics:g}s" if args.read_metrics else
-                f"reading /sd, /metrics and /status.html every {args.views:g}s (gzip)")
-        print(f"  {what}: {latency_line(read)}; without: {latency_line(quiet)}; p99 ratio {p_read / p_quiet:.2f}")
+                f"reading /sd, both services' /metrics and /status.html every {args.views:g}s (gzip)")
+        print(f"  {what}: {latency_line(read)}; without: {latency_line(quiet)}; p99 ratio {p_read / p_quiet:.2f}, "
+              f"max ratio {m_read / m_quiet:.2f}")
+        windows: dict[int, list[float]] = collections.defaultdict(list)
+        for r in ok:
+            windows[int((r[0] - args.warmup) // args.phase_seconds)].append(r[2] * 1000)
+        print("  per window (R: reads in it), p99 / max ms: " + ", ".join(
+            f"{k * args.phase_seconds:g}s{' R' if k % 2 else ''} {pct(v, 0.99):.0f}/{max(v):.0f}"
+            for k, v in sorted(windows.items())))
         for path, reads in sorted(run.views.items()):
             ok = [r for r in reads if r[0] == 200]
             ms = [r[2] * 1000 for r in ok]
@@ -354,9 +366,9 @@ def cli() -> int:
     parser.add_argument("--read-metrics", type=float, default=0.0, metavar="SECONDS",
                         help="read every service's /metrics this often in alternate windows (0: never)")
     parser.add_argument("--views", type=float, default=0.0, metavar="SECONDS",
-                        help="read the gateway's /sd, /metrics and /status.html (gzip) this often in alternate "
-                        "windows, as Prometheus and an operator's open status page do (0: never; not with "
-                        "--read-metrics)")
+                        help="read the gateway's /sd, /metrics and /status.html and the agents' /metrics (gzip) "
+                        "this often in alternate windows, as Prometheus and an operator's open status page do "
+                        "(0: never; not with --read-metrics)")
     parser.add_argument("--sd-group", choices=["pool", "node"], default="pool",
                         help="with --views: read /sd?group=pool (the shipped scrape configs) or one group per node "
                         "(what configs written before read; a gateway before issue 34 knows only that)")

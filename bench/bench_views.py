@@ -7,7 +7,12 @@ A real registry of 10,000 nodes in 10 pools (tests/support/fleetviews.py: 30 fai
   rendering code called directly, plus the JSON/HTML encoding), and its size;
 - after, a read when the page is kept (nothing changed): the time on the loop (a lookup);
 - after, a read that makes the page: the time on the loop (the snapshot) and in the worker thread (render, hash,
-  gzip), and the sizes plain and gzipped;
+  gzip), and the sizes plain and gzipped; for the status, with the summary of the node views kept (status.Fleet:
+  what every status read after the first since a registration finds) and made again (the first);
+- beside it, a task that takes every turn of the event loop it can: the longest wait between two of its turns
+  while the page is made, and the sum of its waits over 0.5 ms (the interpreter lock held by the render thread,
+  which the loop must take back, and the machine's other work);
+- the gateway's /metrics (its registry with 10 pools' series) the same way (made at every read);
 - the node views' rebuild on the loop after a change of every node (what a registration of the whole fleet
   costs on top of the registration itself), and of one node.
 
@@ -24,13 +29,16 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from gateway import discovery, status, views
 from gateway.statuspage import render_html
-from tests.support.fleetviews import fake_gateway, fleet
+from raven.ops.metrics import GatewayMetrics
+from raven.ops.pages import Page
+from raven.ops.server import MetricsPage
+from tests.support.fleetviews import PER_POOL, fake_gateway, fleet
 
 
 def best(times: list[float]) -> str:
@@ -46,6 +54,32 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], Any]:
         out = fn()
         times.append(time.perf_counter() - started)
     return times, out
+
+
+async def beside_a_ticker(read: Callable[[], Awaitable[Page]]) -> tuple[list[float], Page]:
+    """Make a page while a task takes every turn of the loop it can: the gaps between its turns (the first: the
+    read's own part on the loop, up to handing the render to the thread; the others: the loop waiting for the
+    interpreter lock while the thread renders, or for a core)."""
+    gaps: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    started = time.perf_counter()
+    task = asyncio.ensure_future(read())
+    await asyncio.sleep(0)
+    first = time.perf_counter() - started
+    tick = asyncio.ensure_future(ticker())
+    page = await task
+    done = True
+    await tick
+    return [first, *gaps], page
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -75,24 +109,45 @@ async def main(args: argparse.Namespace) -> None:
         times, body = timed(fn, args.repeat)
         print(f"before, {label}: the whole render on the loop at every read: {best(times)}, {len(body)} bytes")
 
+    gw_metrics = GatewayMetrics()  # the gateway's registry with a fleet's children: 10 pools, their codes
+    for p in range(10):
+        for code in ("200", "502", "504"):
+            gw_metrics.requests.labels(f"pool-{p}", "scrape", code).inc()
+        gw_metrics.latency.labels(f"pool-{p}").observe(0.01)
+        for direction in ("to_edge", "from_edge"):
+            gw_metrics.bytes.labels(f"pool-{p}", direction).inc(1000)
+        gw_metrics.sessions.labels(f"pool-{p}").set(1)
+        gw_metrics.nodes.labels(f"pool-{p}").set(PER_POOL)
+    metrics_page = MetricsPage(gw_metrics.registry)
+
     for label, read in (
+        ("/metrics (the gateway's)", metrics_page.page),
         ("/sd?group=node", lambda: v.sd(sd_node)),
         ("/sd?group=pool", lambda: v.sd(sd_pool)),
         ("/status.html (default page)", lambda: v.status_page(default, html=True)),
         ("/status (default JSON)", lambda: v.status_page(default, html=False)),
         ("/nodes", v.nodes),
     ):
-        made, on_loop = [], []
+        made, on_loop, longest, taken = [], [], [], []
         page = None
         for _ in range(args.repeat):
             for cache in (v.sd_pages, v.status_pages, v.nodes_pages):
                 cache.clear()
-            started = time.perf_counter()
-            task = asyncio.ensure_future(read())
-            await asyncio.sleep(0)  # the read's part on the loop: up to handing the render to the thread
-            on_loop.append(time.perf_counter() - started)
-            page = await task
-            made.append(time.perf_counter() - started)
+            gaps, page = await beside_a_ticker(read)
+            on_loop.append(gaps[0])
+            longest.append(max(gaps))
+            taken.append(sum(g for g in gaps if g > 0.0005))
+            made.append(sum(gaps))
+        if "status" in label:  # the fleet's summary made again too: the first status after a registration
+            first = []
+            for _ in range(args.repeat):
+                v.status_pages.clear()
+                v._fleet_kept = None
+                started = time.perf_counter()
+                await read()
+                first.append(time.perf_counter() - started)
+            print(f"after, {label}: the first read after a registration (the fleet's summary made again, in the "
+                  f"thread): {best(first)}")
         kept = []
         for _ in range(args.repeat * 20):
             started = time.perf_counter()
@@ -100,7 +155,8 @@ async def main(args: argparse.Namespace) -> None:
             kept.append(time.perf_counter() - started)
         assert page is not None
         print(f"after, {label}: {len(page.body)} bytes, {len(page.gzipped)} gzipped; a read that makes it: on the loop "
-              f"{best(on_loop)}, made (thread) in {best(made)}; a read when kept: {best(kept)}")
+              f"{best(on_loop)}, made (thread) in {best(made)}, the loop's longest wait {best(longest)}, its waits "
+              f"over 0.5 ms together {best(taken)}; a read when kept: {best(kept)}")
 
 
 def cli() -> None:

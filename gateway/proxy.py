@@ -29,7 +29,7 @@ from gateway.auth import FrontAuth
 from gateway.pools import Pools
 from gateway.registry import AgentSession, Registry
 from gateway.request import check_header_block, client_key, content_length, header_safe
-from gateway.status import NodeResult
+from gateway.status import OK_CODES, NodeResult
 from gateway.tcprelay import relay_tcp
 from raven.aio import reset_connection
 from raven.config import GatewayFront
@@ -114,6 +114,8 @@ class Proxy:
         self.draining = draining
         self.guard = guard
         self.last: dict[str, NodeResult] = {}  # registered node -> its latest request's outcome (status page)
+        # The nodes of ``last`` whose latest request failed: the status counts them without a walk of ``last``.
+        self.failing: dict[str, NodeResult] = {}
         self._log = RateLimitedLog(log)
         self._per_pool: dict[str, _PoolMetrics] = {}  # pool -> its metric children (see _pool_metrics)
 
@@ -165,10 +167,15 @@ class Proxy:
         if ex.received:
             per_pool.from_edge.inc(ex.received)
         if ex.last_scrape and ex.node in self.registry.nodes:
-            self.last[ex.node] = NodeResult(time.time(), ex.code, ex.reason[:300])
+            result = self.last[ex.node] = NodeResult(time.time(), ex.code, ex.reason[:300])
+            if ex.code in OK_CODES:
+                self.failing.pop(ex.node, None)
+            else:
+                self.failing[ex.node] = result
         if len(self.last) > len(self.registry.nodes) + 1024:  # nodes that left: forget them
             for name in [n for n in self.last if n not in self.registry.nodes]:
                 del self.last[name]
+                self.failing.pop(name, None)
 
     def _pool_metrics(self, pool: str) -> _PoolMetrics:
         """The pool's metric children, looked up once (prometheus-client's ``labels()`` costs microseconds a call,

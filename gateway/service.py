@@ -147,6 +147,11 @@ class Gateway:
         """Each registered node's latest request outcome (the status page)."""
         return self.proxy.last
 
+    @property
+    def failing(self) -> dict[str, NodeResult]:
+        """The registered nodes whose latest request failed (kept as results come in: the status summary)."""
+        return self.proxy.failing
+
     def _log_secrets(self) -> tuple[bytes, ...]:
         tokens = self.auth.tokens
         return tokens.current() if tokens is not None else ()

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.nodeview import NodeView, RefusedClaim
@@ -26,7 +28,7 @@ from raven.errors import RavenError
 from raven.protocol import wire
 
 if TYPE_CHECKING:
-    from gateway.pools import Pools
+    from gateway.pools import DirectNode, Pools
 
 # The order nodes are listed in: those that need attention first.
 STATES = ("failing", "unreachable", "refused", "idle", "ok", "direct")
@@ -50,7 +52,8 @@ def succeeded(code: str) -> bool:
     return code.isdigit() and 200 <= int(code) < 400
 
 
-_OK = frozenset(str(code) for code in range(200, 400))  # succeeded(), as one set lookup per node
+OK_CODES = frozenset(str(code) for code in range(200, 400))  # succeeded(), as one set lookup
+_OK = OK_CODES
 
 
 class BadStatusQuery(RavenError, ValueError):
@@ -123,6 +126,46 @@ class StatusInput:
     refused_dropped: int = 0
     layer3: dict[str, Any] | None = None
     now: float = field(default_factory=time.time)
+    # The nodes whose latest result failed (the proxy keeps them as it goes: gateway/proxy.py); None: found in last.
+    failing: Mapping[str, NodeResult] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """What the status reads of the node views that changes only with them (and the pools' settings): made once
+    per version of those, in a worker thread (gateway/views.py keeps it), so that a status made while nothing
+    registered walks no node in Python: its counts are set operations, its rows a walk of the sorted names that
+    stops at the page's end."""
+
+    rows: dict[str, tuple[int, int]]  # pool -> (nodes, reachable), the direct ones counted as reachable
+    names: list[str]  # every node reached through Raven (not direct), sorted
+    by_pool: dict[str, frozenset[str]]  # pool -> its nodes of ``names``
+    reachable: frozenset[str]  # of ``names``, those an agent holds now
+    unreachable: frozenset[str]  # of ``names``, those no agent holds now
+    direct: list[DirectNode]  # sorted by name
+
+
+def fleet_of(views: Mapping[str, NodeView], pools: Pools | None) -> Fleet:
+    """One pass over the node views (10,000 nodes: about 10 ms; once per change of the registry or the pools)."""
+    direct = pools.direct_nodes(views.values()) if pools is not None else []
+    skip = {d.name for d in direct}
+    by_pool: dict[str, set[str]] = {}
+    reachable: set[str] = set()
+    unreachable: set[str] = set()
+    for v in views.values():
+        if v.name in skip:
+            continue
+        members = by_pool.get(v.pool)
+        if members is None:
+            members = by_pool[v.pool] = set()
+        members.add(v.name)
+        (reachable if v.agents else unreachable).add(v.name)
+    rows = {name: (len(members), len(members & reachable)) for name, members in by_pool.items()}
+    for d in direct:
+        nodes, reached = rows.get(d.pool, (0, 0))
+        rows[d.pool] = (nodes + 1, reached + 1)  # Raven is not in the way: Prometheus reaches it (or not) itself
+    return Fleet(rows, sorted(reachable | unreachable), {p: frozenset(m) for p, m in by_pool.items()},
+                 frozenset(reachable), frozenset(unreachable), direct)
 
 
 def _pool_row(name: str, pools: Pools | None) -> dict[str, Any]:
@@ -137,10 +180,19 @@ def _last(result: NodeResult | None, now: float) -> dict[str, Any] | None:
     return {"seconds_ago": round(max(0.0, now - result.at), 1), "code": result.code, "reason": result.reason}
 
 
-def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
+def _first(bucket: Collection[str], names: list[str], skip: int, room: int) -> list[str]:
+    """``room`` names of ``bucket`` from the ``skip``-th on, in ``names``'s (sorted) order."""
+    if len(bucket) <= 256:  # few (failing nodes, one pool's unreachable ones): sorting them is cheapest
+        return sorted(bucket)[skip:skip + room]
+    return list(islice(filter(bucket.__contains__, names), skip, skip + room))  # a C walk, stops at the page's end
+
+
+def build(inp: StatusInput, query: StatusQuery | None = None, fleet: Fleet | None = None) -> dict[str, Any]:
     """The status: every pool's summary, the count of nodes in each state, and the nodes that match ``query``
-    (``limit`` of them from ``offset``, those that need attention first). Reads only ``inp``."""
+    (``limit`` of them from ``offset``, those that need attention first). Reads only ``inp`` and ``fleet`` (made
+    from ``inp`` when not given: pass the one kept for these node views and pools to walk no node)."""
     query = query or StatusQuery()
+    fleet = fleet or fleet_of(inp.views, inp.pools)
     now = inp.now
     out: dict[str, dict[str, Any]] = {name: _pool_row(name, inp.pools)
                                       for name in (inp.pools.configured_pools() if inp.pools else ())}
@@ -153,45 +205,47 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
 
     for agent in inp.sessions:
         pool(agent["pool"])["agents"].append({k: v for k, v in agent.items() if k != "pool"})
-    direct = {n.name: n for n in inp.pools.direct_nodes(inp.views.values())} if inp.pools is not None else {}
-    # Per state, the nodes that match (a NodeView, DirectNode or RefusedClaim: each has its name first): only the
-    # page's rows are made. One loop with no call and no new object per node: at 10,000 nodes it is most of the
-    # render, and objects made per node would wake the garbage collector, which holds the event loop too.
-    found: dict[str, list[Any]] = {state: [] for state in STATES}
-    q, wanted_pools, wanted_states = query.q, query.pools, query.states
-    last = inp.last
-    for v in inp.views.values():
-        name = v.name
-        if name in direct:
-            continue
-        p = out.get(v.pool) or pool(v.pool)
-        p["nodes"] += 1
-        result = last.get(name)
-        if v.agents:
-            p["reachable"] += 1
-        if result is not None and result.code not in _OK:
+    for name, (nodes, reached) in fleet.rows.items():
+        counted = pool(name)
+        counted["nodes"], counted["reachable"] = nodes, reached
+    last, views = inp.last, inp.views
+    failed = inp.failing if inp.failing is not None else {n: r for n, r in last.items() if r.code not in _OK}
+    # Only the failing nodes are walked one by one (a few, or a pool's worth when its nodes are down).
+    failing: dict[str, NodeResult] = {}
+    for name, result in failed.items():
+        if (name in fleet.reachable or name in fleet.unreachable) and last.get(name) is result:
+            failing[name] = result
+            p = out[views[name].pool]
             p["failing"] += 1
             worst = p["last_error"]
             if worst is None or result.at > worst[1].at:
                 p["last_error"] = (name, result)
-            state = "failing"
-        else:
-            state = "unreachable" if not v.agents else "idle" if result is None else "ok"
-        if (wanted_pools and v.pool not in wanted_pools) or (q and q not in name):
-            continue
-        found[state].append(v)
-    for d in direct.values():
-        p = pool(d.pool)
-        p["nodes"] += 1
-        p["reachable"] += 1  # Raven is not in the way: Prometheus reaches it (or not) by itself
-        if not ((wanted_pools and d.pool not in wanted_pools) or (q and q not in d.name)):
-            found["direct"].append(d)
+    # The nodes that match the filters, per state, as sets of names: C set operations, no Python step per node.
+    q, wanted_pools, wanted_states = query.q, query.pools, query.states
+    reach_sel: AbstractSet[str] = fleet.reachable
+    unreach_sel: AbstractSet[str] = fleet.unreachable
+    fail_sel: AbstractSet[str] = frozenset(failing)
+    if wanted_pools or q:
+        chosen: AbstractSet[str] = (frozenset().union(*(fleet.by_pool.get(p, ()) for p in wanted_pools))
+                                    if wanted_pools else frozenset(fleet.names))
+        if q:
+            chosen = {n for n in chosen if q in n}
+        reach_sel, unreach_sel, fail_sel = reach_sel & chosen, unreach_sel & chosen, fail_sel & chosen
+    rest = reach_sel - fail_sel
+    idle = rest - last.keys()  # held by an agent, not scraped (through this replica) yet
+    sets: dict[str, AbstractSet[str]] = {"failing": fail_sel, "unreachable": unreach_sel - fail_sel, "idle": idle}
+    found: dict[str, Sequence[Any]] = {
+        "refused": [c for c in inp.refused.values()
+                    if not ((wanted_pools and c.pool not in wanted_pools) or (q and q not in c.name.lower()))],
+        "direct": [d for d in fleet.direct
+                   if not ((wanted_pools and d.pool not in wanted_pools) or (q and q not in d.name))],
+    }
     for claim in inp.refused.values():
         if claim.pool in out:  # a pool no node is in (the agent may not serve it) gets no row of its own
             out[claim.pool]["refused"] += 1
-        if not ((wanted_pools and claim.pool not in wanted_pools) or (q and q not in claim.name.lower())):
-            found["refused"].append(claim)
-    counts = {state: len(found[state]) for state in STATES}
+    counts = {state: len(sets[state]) if state in sets else len(found[state]) for state in STATES if state != "ok"}
+    counts["ok"] = len(rest) - len(idle)
+    counts = {state: counts[state] for state in STATES}
 
     def row(state: str, item: Any) -> dict[str, Any]:
         if state == "refused":
@@ -203,23 +257,29 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
         if state == "direct":
             return {"name": item.name, "pool": item.pool, "reach": item.reach, "state": state, "agents": [],
                     "last": None}
-        return {"name": item.name, "pool": item.pool, "reach": out[item.pool]["reach"], "state": state,
-                "agents": list(item.agents), "last": _last(last.get(item.name), now)}
+        v = views[item]
+        return {"name": v.name, "pool": v.pool, "reach": out[v.pool]["reach"], "state": state,
+                "agents": list(v.agents), "last": _last(last.get(v.name), now)}
 
     page: list[dict[str, Any]] = []
     skip, room = query.offset, query.limit
     for state in STATES:  # those that need attention first, each state's by name
-        bucket = found[state] if not wanted_states or state in wanted_states else []
+        if wanted_states and state not in wanted_states:
+            continue
         if room <= 0:
             break
-        if skip >= len(bucket):
-            skip -= len(bucket)
+        if skip >= counts[state]:
+            skip -= counts[state]
             continue
-        chosen = heapq.nsmallest(skip + room, bucket, key=lambda e: e.name)[skip:]
-        page += [row(state, item) for item in chosen]
-        room -= len(chosen)
+        if state in found:
+            chosen_items: list[Any] = heapq.nsmallest(skip + room, found[state], key=lambda e: e.name)[skip:]
+        else:
+            bucket = sets[state] if state != "ok" else rest - idle
+            chosen_items = _first(bucket, fleet.names, skip, room)
+        page += [row(state, item) for item in chosen_items]
+        room -= len(chosen_items)
         skip = 0
-    matched = sum(len(found[s]) for s in STATES if not wanted_states or s in wanted_states)
+    matched = sum(counts[s] for s in STATES if not wanted_states or s in wanted_states)
     for p in out.values():
         if p["last_error"] is not None:
             name, result = p["last_error"]

@@ -60,6 +60,8 @@ class GatewayState(Protocol):
     def draining(self) -> bool: ...
     @property
     def last(self) -> Mapping[str, status.NodeResult]: ...
+    @property
+    def failing(self) -> Mapping[str, status.NodeResult]: ...
     def ready(self) -> tuple[bool, str]: ...
 
 
@@ -71,6 +73,7 @@ class Views:
         self.hosts_pages = PageCache(max_age=KEEP, size=1)
         self.status_pages = PageCache(max_age=1.0, size=16)
         self._pools_seen: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._fleet_kept: tuple[Hashable, status.Fleet] | None = None
 
     def _versions(self) -> tuple[int, int, dict[str, NodeView], Pools]:
         """(registry version, pools version, node views, a copy of the pools' settings): on the loop."""
@@ -173,7 +176,7 @@ class Views:
             sessions += [{**common, "pool": name} for name in sorted(sess.pools)]
         inp = status.StatusInput(
             replica=gw.cfg.replica_id, replicas=gw.cfg.replicas, started=gw.started_wall, ready=gw.ready(),
-            draining=gw.draining, views=views, last=dict(gw.last), sessions=sessions,
+            draining=gw.draining, views=views, last=dict(gw.last), sessions=sessions, failing=dict(gw.failing),
             pools=copy.copy(gw.pools), refused=dict(reg.refused), refused_dropped=reg.refused_dropped,
             layer3=gw.layer3.status() if gw.layer3 is not None else None,
         )
@@ -181,12 +184,23 @@ class Views:
             s["age_seconds"] = round(max(0.0, inp.now - float(s.pop("connected_at"))), 1)
         return inp
 
+    def _fleet(self, key: Hashable, inp: status.StatusInput) -> status.Fleet:
+        """The status's summary of the node views (status.Fleet), kept per (registry, pools) version: made in the
+        worker thread at the first status after a change, read by every status until the next one."""
+        kept = self._fleet_kept
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        fleet = status.fleet_of(inp.views, inp.pools)
+        self._fleet_kept = (key, fleet)  # one reference replaced: a status rendering beside it keeps its own
+        return fleet
+
     async def status_page(self, query: status.StatusQuery, html: bool) -> Page:
         def snapshot() -> Render:
+            key = (self.gw.registry.node_views()[0], self.gw.pools.version)
             inp = self.status_input()
 
             def render() -> Built:
-                snap = status.build(inp, query)
+                snap = status.build(inp, query, self._fleet(key, inp))
                 if html:
                     return Built(Page.make(statuspage.render_html(snap).encode(), HTML))
                 return Built(Page.make(_json(snap), JSON))

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 
 from raven.hostport import split_host_port
 from raven.http.guard import ConnectionGuard, GuardLimits
 from raven.http.listener import GuardedSite, guard_middleware
+from raven.ops.exposition import Exposition
 from raven.ops.pages import Built, Page, PageCache, respond
 
 # The ops port answers probes and scrapes: a few clients, small requests. Its own small caps keep a flood
@@ -33,10 +34,11 @@ class MetricsPage:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._exposition = Exposition(registry)  # generate_latest's text, each sample's head formatted once
         self._pages = PageCache(max_age=0.0, size=1)
 
     def _build(self) -> Built:
-        return Built(Page.make(generate_latest(self.registry), CONTENT_TYPE_LATEST, level=1))
+        return Built(Page.make(self._exposition.render(), CONTENT_TYPE_LATEST, level=1))
 
     async def page(self) -> Page:
         return await self._pages.get("metrics", lambda: self._build)

@@ -74,7 +74,12 @@ def inp_of(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> s
                               dict(reg.refused), reg.refused_dropped)
 
 
+def failing_of(last: dict[str, status.NodeResult]) -> dict[str, status.NodeResult]:
+    """What the proxy keeps beside ``last`` (gateway/proxy.py): the nodes whose latest result failed."""
+    return {n: r for n, r in last.items() if r.code not in status.OK_CODES}
+
+
 def fake_gateway(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> Any:
     cfg = SimpleNamespace(replica_id="gw-1", replicas=1, hosts=SimpleNamespace(service_addresses=["10.96.0.10"]))
-    return SimpleNamespace(registry=reg, pools=pools, last=last, cfg=cfg, started_wall=0.0,
+    return SimpleNamespace(registry=reg, pools=pools, last=last, failing=failing_of(last), cfg=cfg, started_wall=0.0,
                            ready=lambda: (True, "ok"), draining=False, layer3=None, kube_synced=True)
