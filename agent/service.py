@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from agent.backfill import Backfill
 from agent.checks import Policy
 from agent.control import GatewayControl
 from agent.dialler import Dialler, DuplicateReplica
@@ -37,7 +38,7 @@ from raven.protocol import wire
 from raven.protocol.handshake import HandshakeRefused
 from raven.refusals import Reason
 from raven.transport.connect import connect
-from raven.transport.session import Session
+from raven.transport.session import Session, Stream
 from raven.transport.tls import CertReloader, expiries
 from raven.transport.websocket import messages
 
@@ -109,6 +110,10 @@ class Agent:
             on_grown=gcpause.settle_soon,  # keep-alive connections to nodes are long-lived: frozen out of the GC's way
         )
         self.forwarder.compress_mode = cfg.compress
+        # Scrapes kept through an outage (agent/backfill.py): scraping while no session is up (not when stopping).
+        connected = lambda: bool(self.sessions) or self.draining  # noqa: E731
+        self.backfill = (Backfill(cfg.backfill, self.forwarder, self.metrics, connected) if cfg.backfill.enabled
+                         else None)
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
@@ -250,9 +255,18 @@ class Agent:
         finally:
             await ws.close()
 
+    def _on_open(self, stream: Stream) -> None:
+        if stream.open.kind == wire.StreamKind.BACKFILL:
+            if self.backfill is None:
+                stream.reset(wire.ResetCode.REFUSED, "backfill is off on this agent (backfill.enabled)")
+            else:
+                self.backfill.on_open(stream)
+            return
+        self.forwarder.on_open(stream)
+
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Session, hello: wire.Hello,
                      welcome: wire.Welcome) -> None:
-        session.on_open = self.forwarder.on_open
+        session.on_open = self._on_open
         self.control.attach(session, welcome.replica)
         if self._kube_synced.is_set() or not self.cfg.kubernetes.enabled:
             # With Kubernetes, the first REGISTER waits for the Node list (set_kube_nodes sends it):
@@ -330,15 +344,17 @@ class Agent:
         log.info("agent %s (pool %s, %s) starting: gateway %s, %d node(s), ports %s", self.name, self.pool,
                  version.describe(), host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
         kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
+        backfill_task = loop.create_task(self.backfill.run()) if self.backfill is not None else None
         try:
             await self.dialler.run()
             if stop_task is not None:
                 await stop_task
         finally:
-            if kube_task is not None:
-                kube_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await kube_task
+            for task in (kube_task, backfill_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             await self.forwarder.close()
