@@ -141,8 +141,8 @@ class OutageScraper:
     async def run(self, check_every: float = 0.25) -> None:
         try:
             while True:
-                if self.connected():
-                    await asyncio.sleep(check_every)
+                if self.connected() or not any(t.learned for t in self.learner.targets.values()):
+                    await asyncio.sleep(check_every)  # nothing learned (a start): nothing to scrape
                     continue
                 await self._outage(check_every)
         finally:

@@ -396,6 +396,7 @@ class Gateway:
             await self.start_kubernetes()
         if self.hosts.sinks:
             self.hosts.start()
+        await self.tunnel.backfill.start()  # says why it is off when it is
         log.info(
             "gateway %s (%s%s) up: tunnel wss://%s%s, front end %s (ports %s), metrics %s",
             self.cfg.replica_id, version.describe(),
@@ -454,6 +455,7 @@ class Gateway:
         if self.config_reloader is not None:
             await self.config_reloader.stop()
         await self.hosts.stop()
+        await self.tunnel.backfill.stop()
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
