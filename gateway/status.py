@@ -122,6 +122,7 @@ class StatusInput:
     refused: Mapping[str, RefusedClaim] = field(default_factory=dict)
     refused_dropped: int = 0
     layer3: dict[str, Any] | None = None
+    backfill: dict[str, Any] | None = None  # {"off": why or "", "pools": {pool: backlog}} (gateway/backfill.py)
     now: float = field(default_factory=time.time)
 
 
@@ -224,6 +225,9 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
         if p["last_error"] is not None:
             name, result = p["last_error"]
             p["last_error"] = {"node": name, **(_last(result, now) or {})}
+    for name, backlog in (inp.backfill or {}).get("pools", {}).items():
+        if not wanted_pools or name in wanted_pools:
+            pool(name)["backlog"] = backlog  # what its agent keeps from an outage, not yet written
     return {
         "replica": inp.replica,
         "replicas": inp.replicas,
@@ -242,4 +246,5 @@ def build(inp: StatusInput, query: StatusQuery | None = None) -> dict[str, Any]:
         "limit": query.limit,
         "nodes": page,
         "layer3": inp.layer3,
+        "backfill_off": (inp.backfill or {}).get("off", ""),
     }

@@ -148,6 +148,7 @@ class Views:
             draining=gw.tunnel.draining, views=views, last=dict(gw.proxy.last), sessions=sessions,
             pools=copy.copy(gw.pools), refused=dict(reg.refused), refused_dropped=reg.refused_dropped,
             layer3=gw.layer3.status() if gw.layer3 is not None else None,
+            backfill={"off": gw.tunnel.backfill.off_reason, "pools": gw.tunnel.backfill.status()},
         )
         for s in sessions:
             s["age_seconds"] = round(max(0.0, inp.now - float(s.pop("connected_at"))), 1)

@@ -77,5 +77,7 @@ def inp_of(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> s
 def fake_gateway(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> Any:
     cfg = SimpleNamespace(replica_id="gw-1", replicas=1, hosts=SimpleNamespace(service_addresses=["10.96.0.10"]))
     return SimpleNamespace(registry=reg, pools=pools, proxy=SimpleNamespace(last=last), cfg=cfg, started_wall=0.0,
-                           ready=lambda: (True, "ok"), tunnel=SimpleNamespace(draining=False), layer3=None,
+                           ready=lambda: (True, "ok"), tunnel=SimpleNamespace(draining=False, backfill=SimpleNamespace(
+                               off_reason="", status=lambda: {"pool-3": {"bytes": 4_500_000, "scrapes": 800,
+                                                                         "minutes": 12.5}})), layer3=None,
                            kube_synced=True)

@@ -208,3 +208,21 @@ async def test_a_prometheus_without_the_receiver_turns_backfill_off_and_says_why
         assert Backfill(GatewayBackfill(), Registry(), CollectorRegistry()).off_reason.startswith("no receivers")
     finally:
         await rx.close()
+
+
+def test_status_and_raven_status_show_each_pools_backlog_and_why_backfill_is_off(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from gateway import status
+    from gateway.statuspage import render_html, render_text
+    from tests.support.fleetviews import fleet, inp_of
+
+    reg, pools, last, _ = fleet(Path(str(tmp_path)))
+    inp = inp_of(reg, pools, last)
+    inp.backfill = {"off": "", "pools": {"pool-3": {"bytes": 4_500_000, "scrapes": 800, "minutes": 12.5}}}
+    snap = status.build(inp)
+    assert next(p for p in snap["pools"] if p["pool"] == "pool-3")["backlog"]["minutes"] == 12.5
+    assert "pool pool-3: backlog of 12.5 min, 4.5 MB (800 scrapes)" in render_text(snap)
+    assert "backlog: 12.5 min, 4.5 MB" in render_html(snap)
+    inp.backfill = {"off": "no receivers configured (backfill.receivers)", "pools": {}}
+    assert "backfill is off: no receivers configured" in render_text(status.build(inp))
