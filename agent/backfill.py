@@ -34,9 +34,9 @@ class Backfill:
         forwarder.on_answered = lambda frame, timeout, client: self.learner.observe(frame, timeout, client,
                                                                                    time.time())
         policy: Callable[[], Policy] = lambda: forwarder.policy  # noqa: E731 (a reload replaces it)
+        self.server = BackfillServer(self.backlog, m, cfg.rate, cfg.batch_bytes)
         self.scraper = OutageScraper(self.learner, self.backlog, forwarder.upstream, forwarder.nodes, policy,
                                      connected, m, max_page=cfg.max_page)
-        self.server = BackfillServer(self.backlog, m, cfg.rate, cfg.batch_bytes)
 
     def on_open(self, stream: Stream) -> None:
         self.server.on_open(stream)

@@ -7,7 +7,9 @@ protobuf format: the gateway parses text), the timeout the gateway gave and the 
 scrapes (the least over the clients: an HA pair scrapes the same interval). A target never scraped is never
 scraped here. :class:`OutageScraper` scrapes on the same phase (the last relayed scrape plus whole intervals), with
 the agent's own checks (agent/checks.py: inventory address, allowed port) and its upstream pool, the page bounded
-as ``max_page``; pages go to the backlog (agent/backlog.py). A node that does not answer leaves a hole.
+as ``max_page``; pages go to the backlog (agent/backlog.py). A node that does not answer leaves a hole. Of a pool's
+agents, the one that relayed a target's latest scrape keeps scraping it (:meth:`Learner.owned`), so a node is
+scraped once (but for the rare case that method names).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger("raven.agent.outage")
 
 MIN_INTERVAL = 0.5
 MAX_INTERVAL = 900.0
+GAPS = 8
 MAX_TARGETS = 50_000  # learned targets; past it the least recently scraped is forgotten
 DEFAULT_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _EXPOSITION = ("text/plain", "openmetrics-text")
@@ -66,6 +69,7 @@ class Target:
     interval: float = 0.0
     last: float = 0.0  # wall clock of the latest relayed scrape (any client)
     clients: dict[str, float] = field(default_factory=dict)  # client key -> its latest scrape
+    gaps: list[float] = field(default_factory=list)  # the latest gaps between one client's scrapes
 
     @property
     def learned(self) -> bool:
@@ -85,6 +89,7 @@ class Learner:
     def __init__(self, max_targets: int = MAX_TARGETS) -> None:
         self.max_targets = max_targets
         self.targets: dict[tuple[str, int, str], Target] = {}
+        self.latest = 0.0  # the latest relayed scrape of any target
 
     def observe(self, frame: wire.Open, timeout: float, client: str, now: float) -> None:
         """A relayed request was answered 200 at ``now`` (wall clock): learn from it when it was a scrape."""
@@ -106,16 +111,30 @@ class Learner:
         if len(t.clients) > 8:  # clients that no longer scrape it
             del t.clients[min(t.clients, key=t.clients.__getitem__)]
         t.last = now
+        self.latest = max(self.latest, now)
         if prev is None:
             return
         gap = now - prev
         if not MIN_INTERVAL <= gap <= MAX_INTERVAL:
             return
-        # A steady interval is smoothed; a changed one is taken at once.
-        if not t.learned or abs(gap - t.interval) > 0.25 * t.interval:
-            t.interval = gap
-        else:
-            t.interval = 0.8 * t.interval + 0.2 * gap
+        # The least of the latest gaps: where a pool has several agents, each relays only some of a target's
+        # scrapes, and its gaps are whole multiples of the interval. A longer interval shows after GAPS gaps.
+        t.gaps.append(gap)
+        del t.gaps[:-GAPS]
+        t.interval = min(t.gaps)
+
+    def owned(self, t: Target) -> bool:
+        """Whether this agent scrapes ``t`` in an outage: it relayed the target's latest scrape before the cut.
+
+        Of a pool's agents, the one that relayed a target's last scrape did so within one interval of the latest
+        scrape it relayed of anything (the cut came less than an interval after it); another agent relayed that
+        target's scrapes an interval or more before. So the agents split the targets without a word. The margin
+        (a quarter interval, at most 1 s: scrape durations differ) errs toward two agents keeping a target rather
+        than none: one scraped in that last moment before the cut, whose previous scrape the other agent relayed,
+        is kept by both (docs/backfill.md has the figure). An HA pair of Prometheus, two scrapes per interval, can
+        have a target kept by both agents too.
+        """
+        return t.learned and t.last >= self.latest - t.interval - min(1.0, 0.25 * t.interval)
 
 
 class OutageScraper:
@@ -153,7 +172,7 @@ class OutageScraper:
         now = time.time()
         due: list[tuple[float, tuple[str, int, str]]] = []
         for key, t in self.learner.targets.items():
-            if t.learned:
+            if self.learner.owned(t):
                 k = max(1, -(-(now - t.last) // t.interval))  # the next whole interval after now
                 heapq.heappush(due, (t.last + k * t.interval, key))
         log.warning("no session to any gateway: scraping %d target(s) of this pool myself and keeping the pages "
@@ -165,7 +184,7 @@ class OutageScraper:
                 while due and due[0][0] <= now:
                     at, key = heapq.heappop(due)
                     target = self.learner.targets.get(key)
-                    if target is None or not target.learned:
+                    if target is None:
                         continue
                     task = asyncio.get_running_loop().create_task(self._scrape(target, at))
                     self._tasks.add(task)

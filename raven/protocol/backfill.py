@@ -21,6 +21,7 @@ malformed entries with :class:`BackfillError` (the caller drops the batch and co
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -66,13 +67,15 @@ def ack_target(ack: int) -> str:
     return f"/backfill?ack={ack}"
 
 
+_TARGET = re.compile(r"/backfill\?ack=([0-9]{1,20})")
+
+
 def parse_ack(target: str) -> int:
     """The acknowledged sequence number of a backfill OPEN's target; raise :class:`BackfillError`."""
-    prefix = "/backfill?ack="
-    digits = target[len(prefix):] if target.startswith(prefix) else ""
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 20) or int(digits) >= 2**64:
+    m = _TARGET.fullmatch(target)
+    if m is None or int(m.group(1)) >= 2**64:
         raise BackfillError(f"backfill target {target[:60]!r} is not /backfill?ack=N")
-    return int(digits)
+    return int(m.group(1))
 
 
 def _node(node: str) -> bytes:

@@ -62,7 +62,8 @@ def test_a_body_cut_inside_an_entry_is_an_error() -> None:
 def test_ack_target_round_trips_and_refuses_anything_else() -> None:
     assert bf.parse_ack(bf.ack_target(0)) == 0
     assert bf.parse_ack(bf.ack_target(2**64 - 1)) == 2**64 - 1
-    for bad in ("/backfill?ack=", "/backfill?ack=-1", "/backfill?ack=1x", "/metrics", f"/backfill?ack={2**64}"):
+    for bad in ("/backfill?ack=", "/backfill?ack=-1", "/backfill?ack=1x", "/metrics", f"/backfill?ack={2**64}",
+                "/backfill?ack=1&x=2"):
         with pytest.raises(bf.BackfillError):
             bf.parse_ack(bad)
 
