@@ -14,6 +14,7 @@ a request back (the tests check the encoder with it). Snappy is cramjam's.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable
 from typing import Final
@@ -31,7 +32,12 @@ HEADERS: Final = {
 _DOUBLE = struct.Struct("<d")
 
 
+_SMALL: Final = tuple(bytes((i,)) for i in range(128))
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _SMALL[n]
     if n < 0:
         n += 1 << 64  # int64 as protobuf writes it: ten bytes for a negative number
     out = bytearray()
@@ -51,6 +57,12 @@ def _label(name: str, value: str) -> bytes:
     return _field(1, _field(1, name.encode()) + _field(2, value.encode()))
 
 
+@functools.lru_cache(maxsize=1 << 15)
+def _labels(labels: Labels) -> bytes:
+    """A series' encoded labels: the same series come in every scrape of a node (bounded cache)."""
+    return b"".join(_label(k, v) for k, v in labels)
+
+
 def _sample(ts_ms: int, value: float) -> bytes:
     body = b"\x09" + _DOUBLE.pack(value) + b"\x10" + _varint(ts_ms)  # field 1 fixed64, field 2 varint
     return _field(2, body)
@@ -60,7 +72,7 @@ def encode(series: Iterable[Series]) -> bytes:
     """The uncompressed WriteRequest."""
     out = bytearray()
     for labels, samples in series:
-        body = b"".join(_label(k, v) for k, v in labels) + b"".join(_sample(t, v) for t, v in samples)
+        body = _labels(labels) + b"".join(_sample(t, v) for t, v in samples)
         out += _field(1, body)
     return bytes(out)
 
