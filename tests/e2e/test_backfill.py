@@ -54,6 +54,7 @@ async def samples(bed: Testbed, promql: str, start: float, end: float) -> dict[s
     return out
 
 
+@pytest.mark.timeout(480)
 async def test_an_uplink_outage_leaves_no_hole_in_prometheus(bed: Testbed) -> None:
     site, other = bed.sites
     await asyncio.sleep(10 * SCRAPE_INTERVAL)  # the agents learn each target's cadence from what they relay
