@@ -50,7 +50,7 @@ log = logging.getLogger("raven.agent")
 
 # Settings a running agent cannot take over: its identity, where it dials, its listeners and wire limits.
 AGENT_RESTART_ONLY = ("name", "pool", "gateway", "metrics_listen", "tls", "limits", "kubernetes",
-                      "config_watch_interval")
+                      "config_watch_interval", "backfill")
 
 
 class Agent:

@@ -53,7 +53,7 @@ log = logging.getLogger("raven.gateway")
 RESTART_ONLY = (
     "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
     "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
-    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval",
+    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval", "backfill",
 )
 
 
