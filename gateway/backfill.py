@@ -62,7 +62,7 @@ class Request:
 
 
 def _target_labels(cfg: GatewayBackfill, job: str, node: str, port: int, pool: str) -> dict[str, str]:
-    every = {"job": job, "instance": f"{node}:{port}", "node": node, "pool": pool}
+    every = {"job": job, "instance": f"{node}:{port}", "node": node, "pool": pool, "port": str(port)}
     return {k: every[k] for k in cfg.target_labels}
 
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from raven.config.base import Model, Seconds
 
-TargetLabel = Literal["job", "instance", "node", "pool"]
+TargetLabel = Literal["job", "instance", "node", "pool", "port"]
 _ALL_LABELS: tuple[TargetLabel, ...] = ("job", "instance", "node", "pool")
 
 
@@ -40,8 +40,9 @@ class GatewayBackfill(Model):
                                  "port not here is not written")
     target_labels: list[TargetLabel] = Field(
         default_factory=lambda: list(_ALL_LABELS),
-        description="labels added to every sample as the shipped scrape configuration gives them (instance: "
-        "NODE:PORT)")
+        description="labels added to every sample, those the scrape configuration gives its targets: the shipped one "
+        "keeps job, instance (NODE:PORT), node and pool; port is the discovery's port label, for a configuration "
+        "that keeps it")
     max_age: Seconds = Field(7200.0, description="samples older than this are refused (the receiver's "
                              "out-of-order window: storage.tsdb.out_of_order_time_window)")
     max_future: Seconds = Field(60.0, description="samples this far ahead of the gateway's clock are refused")

@@ -69,6 +69,7 @@ async def test_an_uplink_outage_leaves_no_hole_in_prometheus(bed: Testbed) -> No
     async def complete() -> bool:
         for node in nodes:
             got = await samples(bed, f'DCGM_FI_DEV_GPU_UTIL{{node="{node}", gpu="0"}}', cut, back)
+            # One series: the backfilled samples carry exactly the labels Prometheus gives the live ones.
             (stamps,) = [[t for t, _ in v] for v in got.values()]
             for k in need:
                 at = cut + k * SCRAPE_INTERVAL

@@ -253,8 +253,10 @@ class Testbed:
                       "debounce": 0.2, "direct": "internal-ip"},
             "pools": self._cloud_pools(),
             # Backfill into this bed's Prometheus (its receiver is on: start_prometheus), jobs as configured above.
+            # The bed's jobs keep the discovery's port label (its relabelling is keep() above): so does backfill.
             "backfill": {"receivers": [{"url": "http://127.0.0.1:9090/api/v1/write"}],
-                         "jobs": {9400: "edge-dcgm", 9100: "edge-node"}, "poll_interval": 2},
+                         "jobs": {9400: "edge-dcgm", 9100: "edge-node"}, "poll_interval": 2,
+                         "target_labels": ["job", "instance", "node", "pool", "port"]},
             "ready_settle": 0.5,
             # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
             "ready_max_wait": 5,

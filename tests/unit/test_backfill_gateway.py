@@ -126,6 +126,10 @@ def test_only_the_sessions_pool_allowed_ports_and_fresh_timestamps_are_written()
                      ("node", "n1"), ("pool", "pool-a")), [(NOW - 1000, 1.0)])]
     assert b.dropped == {"node": 1, "port": 1, "future": 1, "too-old": 1, "bad-page": 1}
     assert b.last_seq == 6
+    # A configuration that keeps the discovery's port label (the netns testbed's) gets it too.
+    cfg = GatewayBackfill(jobs={9400: "edge-dcgm"}, target_labels=["job", "instance", "port"])
+    ((labels, _),) = _all(Builder(_batch([("n1", 9400, NOW, b"g 1\n")]), cfg, own.get, NOW))
+    assert labels == (("__name__", "g"), ("instance", "n1:9400"), ("job", "edge-dcgm"), ("port", "9400"))
 
 
 def test_a_page_over_the_bound_or_a_blob_that_is_not_zstd_is_dropped() -> None:
