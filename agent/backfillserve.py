@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from agent.backlog import Backlog
 from agent.outage import BackfillMetrics
@@ -37,6 +38,7 @@ class BackfillServer:
         except bf.BackfillError as exc:
             stream.reset(wire.ResetCode.PROTOCOL, str(exc))
             return
+        self.backlog.hold(time.time())  # the age cap holds while nothing new is added too
         acked = self.backlog.ack(ack)
         if acked:
             self.metrics.acked.inc(acked)
