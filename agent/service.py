@@ -111,7 +111,7 @@ class Agent:
         )
         self.forwarder.compress_mode = cfg.compress
         # Scrapes kept through an outage (agent/backfill.py): scraping while no session is up (not when stopping).
-        connected = lambda: bool(self.sessions) or self.draining  # noqa: E731
+        connected = lambda: self.draining or any(self._heard(s) for s in self.sessions)  # noqa: E731
         self.backfill = (Backfill(cfg.backfill, self.forwarder, self.metrics, connected) if cfg.backfill.enabled
                          else None)
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
@@ -254,6 +254,13 @@ class Agent:
             return True
         finally:
             await ws.close()
+
+    @staticmethod
+    def _heard(session: Session) -> bool:
+        """The gateway was heard lately (its PINGs come every heartbeat interval): a session silent for longer is
+        likely cut, and the outage scraper starts before the heartbeat deadline ends it (docs/backfill.md)."""
+        core = session.core
+        return session.loop.time() - core.last_rx < 1.5 * core.heartbeat_interval + 0.5
 
     def _on_open(self, stream: Stream) -> None:
         if stream.open.kind == wire.StreamKind.BACKFILL:
