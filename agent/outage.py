@@ -1,5 +1,5 @@
 """Keep scraping through an outage: learn each target's cadence from the scrapes the agent relays, and while the
-agent holds no session to any gateway replica, scrape each learned target itself and keep the pages.
+agent hears no gateway replica (agent/service.py says when), scrape each learned target itself and keep the pages.
 
 :class:`Learner` watches every relayed GET answered 200 whose ``Accept`` names an exposition format (Prometheus,
 vmagent and Alloy all send one): per (node, port, target) it keeps the path, the ``Accept`` header (less the
@@ -175,8 +175,9 @@ class OutageScraper:
             if self.learner.owned(t):
                 k = max(1, -(-(now - t.last) // t.interval))  # the next whole interval after now
                 heapq.heappush(due, (t.last + k * t.interval, key))
-        log.warning("no session to any gateway: scraping %d target(s) of this pool myself and keeping the pages "
-                    "(backlog holds %d scrape(s), %d bytes)", len(due), self.backlog.scrapes, self.backlog.bytes)
+        log.warning("no gateway heard (no session, or a silent one): scraping %d target(s) of this pool myself and "
+                    "keeping the pages (backlog holds %d scrape(s), %d bytes)", len(due), self.backlog.scrapes,
+                    self.backlog.bytes)
         self.scraping = True
         try:
             while not self.connected():
@@ -195,7 +196,7 @@ class OutageScraper:
                 await asyncio.sleep(max(0.0, wait))
         finally:
             self.scraping = False
-        log.info("a session is back: stopped scraping (backlog %d scrape(s), %d bytes)", self.backlog.scrapes,
+        log.info("a gateway is heard again: stopped scraping (backlog %d scrape(s), %d bytes)", self.backlog.scrapes,
                  self.backlog.bytes)
 
     async def _scrape(self, t: Target, at: float) -> None:
