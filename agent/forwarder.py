@@ -49,6 +49,8 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
 
 class Forwarder:
     compress_mode: compress.Mode = "auto"  # gzip before the uplink (agent/compress.py); set from the agent's config
+    # Told of every relayed request answered 200: (OPEN, its timeout, its client key); agent/outage.py learns from it.
+    on_answered: Callable[[wire.Open, float, str], None] | None = None
 
     def __init__(
         self,
@@ -86,6 +88,11 @@ class Forwarder:
         self._per_client = max(1, int(client_share * connections_per_node))
         self._slots: dict[str, FairSlots] = {}  # node -> its upstream slots (dropped when idle)
         self._log = RateLimitedLog(log)
+
+    @property
+    def upstream(self) -> UpstreamPool:
+        """The keep-alive pool to the nodes (agent/outage.py scrapes through it too, within its cap)."""
+        return self._upstream
 
     def configure(self, policy: Policy, connect_timeout: float, connections_per_node: int,
                   client_share: float, idle_timeout: float = IDLE_TIMEOUT, max_connections: int = MAX_CONNECTIONS
@@ -309,6 +316,8 @@ class Forwarder:
                                  f"response from {frame.node} broke after {sent} bytes: {_safe(exc, req.address)}")
                     return
                 stream.end()
+                if resp.status == 200 and self.on_answered is not None:
+                    self.on_answered(frame, req.deadline.budget, req.client)
                 self.metrics.bytes.labels("from_node").inc(sent)
                 self.metrics.bytes.labels("to_gateway").inc(sent if gz is None else gz.wire)
                 log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)

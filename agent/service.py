@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from agent.backfill import Backfill
 from agent.checks import Policy
 from agent.controlhandlers import GatewayControl
 from agent.dialler import Dialler, DuplicateReplica, Stopping
@@ -36,6 +37,7 @@ from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import wire
 from raven.transport.connect import connect
+from raven.transport.stream import Stream
 from raven.transport.tls import CertReloader, expiries
 from raven.transport.tunnel import Tunnel
 from raven.transport.websocket import messages
@@ -48,7 +50,7 @@ log = logging.getLogger("raven.agent")
 
 # Settings a running agent cannot take over: its identity, where it dials, its listeners and wire limits.
 AGENT_RESTART_ONLY = ("name", "pool", "gateway", "metrics_listen", "tls", "limits", "kubernetes",
-                      "config_watch_interval")
+                      "config_watch_interval", "backfill")
 
 
 class Agent:
@@ -108,6 +110,10 @@ class Agent:
             on_grown=gcpause.settle_soon,  # keep-alive connections to nodes are long-lived: frozen out of the GC's way
         )
         self.forwarder.compress_mode = cfg.compress
+        # Scrapes kept through an outage (agent/backfill.py): scraping while no session is up (not when stopping).
+        connected = lambda: self.draining or any(self._heard(s) for s in self.sessions)  # noqa: E731
+        self.backfill = (Backfill(cfg.backfill, self.forwarder, self.metrics, connected) if cfg.backfill.enabled
+                         else None)
         self.layer3 = AgentLayer3(cfg.layer3, self.pool, self.metrics) if cfg.layer3.enabled else None
         self.limits = wire.Limits(max_frame=cfg.limits.max_frame)
         self.refused: dict[str, str] = {}  # node -> why the gateway refused it (the latest answers)
@@ -251,9 +257,25 @@ class Agent:
         finally:
             await ws.close()
 
+    @staticmethod
+    def _heard(session: Tunnel) -> bool:
+        """The gateway was heard lately (its PINGs come every heartbeat interval): a session silent for longer is
+        likely cut, and the outage scraper starts before the heartbeat deadline ends it (docs/backfill.md)."""
+        core = session.core
+        return session.loop.time() - core.last_rx < 1.5 * core.heartbeat_interval + 0.5
+
+    def _on_open(self, stream: Stream) -> None:
+        if stream.open.kind == wire.StreamKind.BACKFILL:
+            if self.backfill is None:
+                stream.reset(wire.ResetCode.REFUSED, "backfill is off on this agent (backfill.enabled)")
+            else:
+                self.backfill.on_open(stream)
+            return
+        self.forwarder.on_open(stream)
+
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Tunnel, hello: wire.Hello,
                      welcome: wire.Welcome) -> None:
-        session.on_open = self.forwarder.on_open
+        session.on_open = self._on_open
         self.control.attach(session, welcome.replica)
         if self._kube_synced.is_set() or not self.cfg.kubernetes.enabled:
             # With Kubernetes, the first REGISTER waits for the Node list (set_kube_nodes sends it):
@@ -331,15 +353,17 @@ class Agent:
         log.info("agent %s (pool %s, %s) starting: gateway %s, %d node(s), ports %s", self.name, self.pool,
                  version.describe(), host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
         kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
+        backfill_task = loop.create_task(self.backfill.run()) if self.backfill is not None else None
         try:
             await self.dialler.run()
             if stop_task is not None:
                 await stop_task
         finally:
-            if kube_task is not None:
-                kube_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await kube_task
+            for task in (kube_task, backfill_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             await self.forwarder.close()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.auth import FrontAuth, TokenSet
+from gateway.backfill import Backfill
 from gateway.layer3 import GatewayLayer3
 from gateway.opsapi import OpsApi
 from gateway.pools import Pools
@@ -52,7 +53,7 @@ log = logging.getLogger("raven.gateway")
 RESTART_ONLY = (
     "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
     "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
-    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval",
+    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval", "backfill",
 )
 
 
@@ -146,6 +147,10 @@ class Gateway:
     def last(self) -> dict[str, NodeResult]:
         """Each registered node's latest request outcome (the status page)."""
         return self.proxy.last
+
+    @property
+    def backfill(self) -> Backfill:
+        return self.tunnel.backfill
 
     @property
     def failing(self) -> dict[str, NodeResult]:
@@ -391,6 +396,7 @@ class Gateway:
             await self.start_kubernetes()
         if self.hosts.sinks:
             self.hosts.start()
+        await self.tunnel.backfill.start()  # says why it is off when it is
         log.info(
             "gateway %s (%s%s) up: tunnel wss://%s%s, front end %s (ports %s), metrics %s",
             self.cfg.replica_id, version.describe(),
@@ -450,6 +456,7 @@ class Gateway:
         if self.config_reloader is not None:
             await self.config_reloader.stop()
         await self.hosts.stop()
+        await self.tunnel.backfill.stop()
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -125,6 +125,7 @@ class StatusInput:
     refused: Mapping[str, RefusedClaim] = field(default_factory=dict)
     refused_dropped: int = 0
     layer3: dict[str, Any] | None = None
+    backfill: dict[str, Any] | None = None  # {"off": why or "", "pools": {pool: backlog}} (gateway/backfill.py)
     now: float = field(default_factory=time.time)
     # The nodes whose latest result failed (the proxy keeps them as it goes: gateway/proxy.py); None: found in last.
     failing: Mapping[str, NodeResult] | None = None
@@ -284,6 +285,9 @@ def build(inp: StatusInput, query: StatusQuery | None = None, fleet: Fleet | Non
         if p["last_error"] is not None:
             name, result = p["last_error"]
             p["last_error"] = {"node": name, **(_last(result, now) or {})}
+    for name, backlog in (inp.backfill or {}).get("pools", {}).items():
+        if not wanted_pools or name in wanted_pools:
+            pool(name)["backlog"] = backlog  # what its agent keeps from an outage, not yet written
     return {
         "replica": inp.replica,
         "replicas": inp.replicas,
@@ -303,4 +307,5 @@ def build(inp: StatusInput, query: StatusQuery | None = None, fleet: Fleet | Non
         "limit": query.limit,
         "nodes": page,
         "layer3": inp.layer3,
+        "backfill_off": (inp.backfill or {}).get("off", ""),
     }

@@ -85,6 +85,9 @@ def _pool_rows(snap: Mapping[str, Any], params: list[tuple[str, str]]) -> str:
                       f"<div class=reason>{_e(err['node'])}: {_e(err['code'])} {_fmt_age(err['seconds_ago'])} ago"
                       f"{': ' + _e(err['reason']) if err['reason'] else ''}</div>" if err else
                       f"{failing} failing" if failing else "<span class=dim>none</span>")
+        backlog = p.get("backlog")
+        if backlog and backlog.get("scrapes"):
+            agent_lines += f"<div class=warn>backlog: {_backlog(backlog)}</div>"
         refused = p.get("refused", 0)
         if refused:
             last_error += f"<div><a href={_link([], pool=p['pool'], state='refused')}>{refused} refused</a></div>"
@@ -217,6 +220,10 @@ def _layer3_html(l3: Mapping[str, Any] | None) -> str:
             f"<th>routed CIDRs</th><th>standby</th></tr>\n{''.join(rows)}</table>")
 
 
+def _backlog(b: Mapping[str, Any]) -> str:
+    return f"{b.get('minutes', 0):.1f} min, {b.get('bytes', 0) / 1e6:.1f} MB ({b.get('scrapes', 0)} scrapes)"
+
+
 def render_text(snap: Mapping[str, Any]) -> str:
     """The same as plain-text tables, for ``raven status``; reads a gateway of any release's ``/status``."""
     out = [escape(f"gateway {snap['replica']} (replica of {snap['replicas']}, {_gateway_release(snap)}), "
@@ -241,6 +248,13 @@ def render_text(snap: Mapping[str, Any]) -> str:
                          _fmt_age(a["age_seconds"]), str(a["streams"]), "draining" if a["draining"] else "up",
                          reachable, failing if i == 0 else "", latest if i == 0 else ""))
     out += [*_table(rows), ""]
+    backlogs = [(p["pool"], p["backlog"]) for p in snap["pools"] if p.get("backlog", {}).get("scrapes")]
+    out += [escape(f"pool {name}: backlog of {_backlog(b)} from an outage, being written") for name, b in backlogs]
+    if snap.get("backfill_off"):
+        backlogs.append(("", {}))
+        out.append(escape(f"backfill is off: {snap['backfill_off']}"))
+    if backlogs:
+        out.append("")
     # Once per session (a session of several pools is listed under each).
     refused = {(a["agent"], a["session"]): a for p in snap["pools"] for a in p["agents"] if a.get("refused")}
     for a in refused.values():

@@ -14,9 +14,11 @@ from typing import NamedTuple
 
 from aiohttp import web
 
+from gateway.backfill import Backfill
 from gateway.layer3 import GatewayLayer3
 from gateway.registry import AgentSession, Registry, told
 from raven import pki, version
+from raven.aio import cancel_and_wait
 from raven.config import GatewayConfig
 from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
@@ -101,6 +103,8 @@ class TunnelEndpoint:
         self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
         self.routes_buckets = Buckets(cfg.register_rate, cfg.register_burst)
         self.control = self._control_table()
+        # Scrapes agents kept through an outage (gateway/backfill.py): one task beside each session.
+        self.backfill = Backfill(cfg.backfill, registry, metrics.registry)
 
     def configure(self, cfg: GatewayConfig) -> None:
         """A reloaded configuration: caps and rates apply from the next handshake or registration on."""
@@ -266,6 +270,7 @@ class TunnelEndpoint:
         self.last_session_at = time.monotonic()
         self.empty_since = None
         old = self.registry.add_session(agent_session)
+        backfill: asyncio.Task[None] | None = None
         for pool in pools:
             self.metrics.sessions.labels(pool).inc()
         try:  # from here on, whatever happens (a cancel while the older session closes), the finally undoes it
@@ -280,8 +285,11 @@ class TunnelEndpoint:
             if self.draining:
                 session.send_control(wire.Drain("gateway is draining"))
             del hello, old  # this frame lives as long as the session (memory per idle session)
+            backfill = asyncio.get_running_loop().create_task(self.backfill.session(agent_session))
             await session.run(messages(ws))
         finally:
+            if backfill is not None:
+                await cancel_and_wait((backfill,))
             await session.close("the tunnel handler ended")  # idempotent: a no-op after run()
             self._cancel_pending(agent_session)
             if self.layer3 is not None:

@@ -42,6 +42,14 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+class BackfillState(Protocol):
+    """What the views read of the gateway's backfill (gateway/backfill.py): why it is off, each pool's backlog."""
+
+    off_reason: str
+
+    def status(self) -> dict[str, dict[str, float]]: ...
+
+
 class GatewayState(Protocol):
     """What the ops views and the ops API read of the running gateway (gateway/service.py's ``Gateway`` is one),
     read at each request so that a reload shows."""
@@ -62,6 +70,8 @@ class GatewayState(Protocol):
     def last(self) -> Mapping[str, status.NodeResult]: ...
     @property
     def failing(self) -> Mapping[str, status.NodeResult]: ...
+    @property
+    def backfill(self) -> BackfillState: ...
     def ready(self) -> tuple[bool, str]: ...
 
 
@@ -179,6 +189,7 @@ class Views:
             draining=gw.draining, views=views, last=dict(gw.last), sessions=sessions, failing=dict(gw.failing),
             pools=copy.copy(gw.pools), refused=dict(reg.refused), refused_dropped=reg.refused_dropped,
             layer3=gw.layer3.status() if gw.layer3 is not None else None,
+            backfill={"off": gw.backfill.off_reason, "pools": gw.backfill.status()},
         )
         for s in sessions:
             s["age_seconds"] = round(max(0.0, inp.now - float(s.pop("connected_at"))), 1)

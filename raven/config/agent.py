@@ -105,6 +105,22 @@ class AgentGateway(Model):
         return self
 
 
+class AgentBackfill(Model):
+    """Keep scraping through an outage and send the pages back when a session returns (docs/backfill.md)."""
+
+    enabled: bool = Field(True, description="scrape the pool's learned targets while no gateway session is up")
+    directory: str | None = Field(None, description="a volume to keep the backlog on (survives a restart); "
+                                  "none: in memory only")
+    max_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20, le=1 << 40,
+                           description="the backlog's byte cap: past it the oldest 5 minutes go first")
+    max_age: Seconds = Field(6 * 3600.0, description="kept scrapes older than this are dropped")
+    rate: float = Field(2 * 1024 * 1024, gt=0, le=1 << 34, allow_inf_nan=False,
+                        description="bytes a second the backlog may take of the uplink once a session is back")
+    batch_bytes: int = Field(1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024,
+                             description="compressed bytes of scrapes per backfill stream")
+    max_page: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 30, description="largest page kept from one scrape")
+
+
 class AgentConfig(Model):
     name: NodeName | None = Field(None, description="agent identity (an RFC 1123 name, as the gateway requires); "
                                   "defaults to the certificate's agent name")
@@ -151,6 +167,7 @@ class AgentConfig(Model):
     layer3: AgentLayer3Settings = Field(
         AgentLayer3Settings(), description="IP for this pool over the tunnel (docs/layer3.md)",
     )
+    backfill: AgentBackfill = AgentBackfill()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     config_watch_interval: Seconds = Field(
         5.0, description="how often to look for a changed configuration file (reloaded like on SIGHUP)",

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from raven import version
+from raven.config.backfill import GatewayBackfill
 from raven.config.base import HostPort, KubeSettings, Method, Port, Seconds, TLSConfig, TunnelLimits
 from raven.config.pools import DirectHosts, PoolDefaults, PoolSettings, pools_nodes_unique
 from raven.dns.names import DEFAULT_CLUSTER_DOMAIN, DEFAULT_DENIED_NAMES, DEFAULT_DENIED_SUFFIXES, NameRule
@@ -232,6 +233,7 @@ class NameRules(Model):
 
 
 class GatewayConfig(Model):
+    backfill: GatewayBackfill = GatewayBackfill()
     replica_id: str = Field(default_factory=socket.gethostname)
     replicas: int = Field(1, ge=1, le=1 << 16, description="how many gateway replicas serve this Service")
     tunnel: GatewayTunnel = GatewayTunnel()

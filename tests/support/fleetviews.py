@@ -81,5 +81,7 @@ def failing_of(last: dict[str, status.NodeResult]) -> dict[str, status.NodeResul
 
 def fake_gateway(reg: Registry, pools: Pools, last: dict[str, status.NodeResult]) -> Any:
     cfg = SimpleNamespace(replica_id="gw-1", replicas=1, hosts=SimpleNamespace(service_addresses=["10.96.0.10"]))
+    backfill = SimpleNamespace(off_reason="", status=lambda: {"pool-3": {"bytes": 4_500_000, "scrapes": 800,
+                                                                          "minutes": 12.5}})
     return SimpleNamespace(registry=reg, pools=pools, last=last, failing=failing_of(last), cfg=cfg, started_wall=0.0,
-                           ready=lambda: (True, "ok"), draining=False, layer3=None, kube_synced=True)
+                           ready=lambda: (True, "ok"), draining=False, layer3=None, kube_synced=True, backfill=backfill)

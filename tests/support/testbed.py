@@ -56,6 +56,13 @@ def shipped_node_rule() -> dict[str, Any]:
     rule: dict[str, Any] = next(r for r in edge["relabel_configs"] if r.get("target_label") == "node")
     return rule
 
+def shipped_storage() -> dict[str, Any]:
+    """The shipped configuration's storage section (the out-of-order window backfill needs), as it is in
+    deploy/prometheus/scrape-config.yaml."""
+    storage: dict[str, Any] = yaml.safe_load((ROOT / "deploy/prometheus/scrape-config.yaml").read_text())["storage"]
+    return storage
+
+
 TOPOLOGY = ROOT / "deploy" / "testbed" / "topology.sh"
 CLOUD_IP = "10.200.0.1"
 OBSERVER_IP = "10.199.0.2"
@@ -207,6 +214,9 @@ class Testbed:
         self._write("prometheus.yml", {
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "scrape_timeout": "1500ms",
                        "evaluation_interval": f"{SCRAPE_INTERVAL:g}s"},
+            # Backfill (docs/backfill.md): the shipped configuration's out-of-order window, so what an agent kept
+            # through an outage is taken with its own timestamps.
+            "storage": shipped_storage(),
             "scrape_configs": [
                 # Host-header (DNS) mode: names resolve to the gateway; the token in Authorization.
                 {"job_name": "edge-dcgm", "http_sd_configs": sd(9400), "authorization": bearer,
@@ -242,6 +252,11 @@ class Testbed:
             "hosts": {"file": str(self.hosts_dir / "tunnel-nodes"), "service_addresses": [CLOUD_IP],
                       "debounce": 0.2, "direct": "internal-ip"},
             "pools": self._cloud_pools(),
+            # Backfill into this bed's Prometheus (its receiver is on: start_prometheus), jobs as configured above.
+            # The bed's jobs keep the discovery's port label (its relabelling is keep() above): so does backfill.
+            "backfill": {"receivers": [{"url": "http://127.0.0.1:9090/api/v1/write"}],
+                         "jobs": {9400: "edge-dcgm", 9100: "edge-node"}, "poll_interval": 2,
+                         "target_labels": ["job", "instance", "node", "pool", "port"]},
             "ready_settle": 0.5,
             # The agents' reconnect bound: their backoff_max (1 s here) and a refused dial, with a margin.
             "ready_max_wait": 5,
@@ -447,6 +462,7 @@ class Testbed:
         await self.spawn("prometheus", "rv-cloud", [
             prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
             f"--storage.tsdb.path={self.workdir / 'prometheus-data'}", "--web.listen-address=0.0.0.0:9090",
+            "--web.enable-remote-write-receiver",
             "--log.level=warn",
         ])
 

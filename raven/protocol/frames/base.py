@@ -85,6 +85,7 @@ ALLOWED_FLAGS: dict[FrameType, int] = {
 class StreamKind(enum.IntEnum):
     HTTP = 1
     TCP = 2
+    BACKFILL = 3  # the gateway asks the agent for scrapes it kept through an outage (raven/protocol/backfill.py)
 
 
 class ResetCode(enum.IntEnum):

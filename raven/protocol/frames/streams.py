@@ -112,7 +112,7 @@ def decode_open(stream_id: int, payload: memoryview, flags: int, limits: Limits)
         kind = StreamKind(kind_byte)
     except ValueError:
         raise ProtocolError(f"unknown stream kind {kind_byte}", stream_id) from None
-    if port == 0:
+    if port == 0 and kind != StreamKind.BACKFILL:  # a backfill stream names no node port
         raise ProtocolError("OPEN: port 0", stream_id)
     node = r.text(r.u8("node length"), "node name", "utf-8")
     method = r.text(r.u8("method length"), "method")

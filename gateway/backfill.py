@@ -1,0 +1,302 @@
+"""Take back what agents kept through an outage and write it to Prometheus's remote-write receiver(s).
+
+For each agent session a task asks for the backlog on a BACKFILL stream (raven/protocol/backfill.py) every
+``poll_interval``, and while there is one, batch after batch: each stream acknowledges the batch before it. A
+batch is checked and turned into remote-write requests off the event loop (:func:`build`): only nodes of the
+session's own pool at ports with a job; pages within ``max_page`` that parse (gateway/exposition.py); samples
+within ``max_age`` and ``max_future`` of now; the labels the scrape configuration gives the target (job,
+instance, node, pool; a page's own label of that name becomes ``exported_<name>``, as Prometheus does). ``up``
+and the scrape_* series are not written: the live scrapes' ``up == 0`` stays what happened. Every receiver gets
+every request (gateway/rwclient.py: retries with backoff, a 400 split down to the scrape and then dropped and
+counted); only then is the batch acknowledged. The tunnel never waits on a receiver: the stream is read whole
+first, and a session with a batch in writing is simply not asked again until it is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway import exposition, remotewrite
+from gateway.registry import AgentSession, Registry
+from gateway.rwclient import Receivers
+from raven.backfill import pages
+from raven.config.backfill import GatewayBackfill
+from raven.lograte import RateLimitedLog
+from raven.protocol import backfill as bf
+from raven.protocol import wire
+from raven.protocol.stream import StreamReset
+
+log = logging.getLogger("raven.gateway.backfill")
+
+HEAD_TIMEOUT = 30.0
+
+
+@dataclass(slots=True)
+class Backlog:
+    """What a pool's agent last said it holds (the HEAD of a backfill stream)."""
+
+    bytes: int = 0
+    scrapes: int = 0
+    oldest_ms: int = 0
+    at: float = field(default_factory=time.time)
+
+    @property
+    def minutes(self) -> float:
+        return max(0.0, (self.at * 1000 - self.oldest_ms) / 60_000) if self.scrapes and self.oldest_ms else 0.0
+
+
+@dataclass(slots=True)
+class Request:
+    """One remote-write request: its body (snappy), and each scrape's part of the message (WriteRequest is a
+    repeated field: the parts joined are the message), to write them one by one when a receiver refuses it."""
+
+    body: bytes
+    parts: list[bytes]
+    samples: int
+
+
+def _target_labels(cfg: GatewayBackfill, job: str, node: str, port: int, pool: str) -> dict[str, str]:
+    every = {"job": job, "instance": f"{node}:{port}", "node": node, "pool": pool, "port": str(port)}
+    return {k: every[k] for k in cfg.target_labels}
+
+
+def series_of(samples: list[exposition.Sample], target: dict[str, str], ts_ms: int) -> list[remotewrite.Series]:
+    out: list[remotewrite.Series] = []
+    for name, labels, value in samples:
+        merged = {"__name__": name}
+        for k, v in labels:
+            merged[f"exported_{k}" if k in target else k] = v
+        merged.update(target)
+        out.append((tuple(sorted(merged.items())), [(ts_ms, value)]))
+    return out
+
+
+class Builder:
+    """A batch's scrapes, checked, as remote-write requests one at a time (CPU only: :meth:`next` runs off the
+    loop). ``pool_of(node)`` is the node's pool when it is one of the session's own, else None."""
+
+    def __init__(self, entries: list[bf.Entry], cfg: GatewayBackfill, pool_of: Callable[[str], str | None],
+                 now_ms: int) -> None:
+        self.cfg = cfg
+        self.pool_of = pool_of
+        self.now_ms = now_ms
+        self.dropped: dict[str, int] = {}  # reason -> scrapes
+        self.last_seq = max((e.seq for e in entries if isinstance(e, bf.Scrape)), default=0)
+        self._entries = entries
+        self._at = 0
+        self._keys: dict[int, bytes] = {}
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def next(self) -> Request | None:
+        cfg = self.cfg
+        parts: list[bytes] = []
+        samples = 0
+        while self._at < len(self._entries):
+            e = self._entries[self._at]
+            if isinstance(e, bf.Key):
+                self._at += 1
+                if self.pool_of(e.node) is not None:
+                    try:
+                        self._keys[e.key] = pages.decompress_key(e.blob, cfg.max_page)
+                    except pages.PageError:
+                        pass  # its scrapes are dropped as "bad-page"
+                continue
+            parsed = self._scrape(e)
+            if parsed is None:
+                self._at += 1
+                continue
+            page, pool, job = parsed
+            if parts and samples + len(page) > cfg.samples_per_request:
+                break  # this scrape starts the next request
+            self._at += 1
+            target = _target_labels(cfg, job, e.node, e.port, pool)
+            parts.append(remotewrite.encode(series_of(page, target, e.ts_ms)))
+            samples += len(page)
+        if not parts:
+            return None
+        return Request(remotewrite.compress(b"".join(parts)), parts, samples)
+
+    def _scrape(self, e: bf.Scrape) -> tuple[list[exposition.Sample], str, str] | None:
+        cfg = self.cfg
+        pool = self.pool_of(e.node)
+        job = cfg.jobs.get(e.port)
+        if pool is None:
+            self._drop("node")
+        elif job is None:
+            self._drop("port")
+        elif e.ts_ms > self.now_ms + cfg.max_future * 1000:
+            self._drop("future")
+        elif e.ts_ms < self.now_ms - cfg.max_age * 1000:
+            self._drop("too-old")
+        elif (key := self._keys.get(e.key)) is None:
+            self._drop("bad-page")
+        else:
+            try:
+                page = key if not e.blob else pages.decompress(e.blob, key, cfg.max_page)
+                return exposition.parse(page), pool, job
+            except (pages.PageError, exposition.PageError):
+                self._drop("bad-page")
+        return None
+
+
+class BackfillPuller:
+    """One task per agent session; the service starts it when the session starts and cancels it at its end."""
+
+    def __init__(self, cfg: GatewayBackfill, registry: Registry, receivers: Receivers,
+                 on_dropped: Callable[[str, int], None], on_written: Callable[[int], None],
+                 on_received: Callable[[int], None], on_backlog: Callable[[str, Backlog], None]) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.receivers = receivers
+        self.on_dropped = on_dropped
+        self.on_written = on_written
+        self.on_received = on_received
+        self.on_backlog = on_backlog
+        self.backlogs: dict[str, Backlog] = {}  # pool -> the latest an agent of it said
+        self._slots = asyncio.Semaphore(cfg.concurrency)
+        self._log = RateLimitedLog(log)
+
+    def pool_of(self, s: AgentSession) -> Callable[[str], str | None]:
+        nodes = self.registry.nodes
+
+        def pool(node: str) -> str | None:
+            entry = nodes.get(node)
+            return entry.pool if entry is not None and entry.pool in s.pools else None
+
+        return pool
+
+    async def run(self, s: AgentSession) -> None:
+        ack = 0
+        await asyncio.sleep(min(2.0, self.cfg.poll_interval))  # its registration first
+        while s.session.core.usable:
+            try:
+                got = await self._one(s, ack)
+            except (StreamReset, TimeoutError, bf.BackfillError) as exc:
+                why = exc.reason if isinstance(exc, StreamReset) else str(exc) or "timed out"
+                self._log.info(s.agent, "backfill", "backfill from agent %s (pools %s) failed: %s", s.agent,
+                               ",".join(sorted(s.pools)), why)
+                got = None
+            if got is None:
+                await asyncio.sleep(self.cfg.poll_interval)
+            else:
+                ack = got
+
+    async def _one(self, s: AgentSession, ack: int) -> int | None:
+        """Ask once: the new acknowledgement when a batch was written, None when there was nothing to take."""
+        stream = s.session.open_stream(wire.Open(0, wire.StreamKind.BACKFILL, "", 0, "", bf.ack_target(ack),
+                                                 fin=True))
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT):
+                head = await stream.head()
+            self._note(s, head.headers)
+            if head.status != 200:
+                return None
+            dec = bf.Decoder(max_entry=self.cfg.max_page, max_body=self.cfg.max_batch)
+            entries: list[bf.Entry] = []
+            async with asyncio.timeout(self.cfg.timeout + self.cfg.max_batch / 65536):
+                while chunk := await stream.read():
+                    entries += dec.feed(chunk)
+            dec.finish()
+        finally:
+            stream.close()
+        self.on_received(sum(isinstance(e, bf.Scrape) for e in entries))
+        async with self._slots:
+            builder = Builder(entries, self.cfg, self.pool_of(s), int(time.time() * 1000))
+            while (req := await asyncio.to_thread(builder.next)) is not None:
+                refused = await self.receivers.write(req.body, req.parts)
+                if refused:
+                    self.on_dropped("refused", refused)
+                self.on_written(len(req.parts) - refused)
+            for reason, n in builder.dropped.items():
+                self.on_dropped(reason, n)
+            if builder.dropped:
+                self._log.warning(s.agent, "backfill-dropped", "backfill from agent %s (pools %s): dropped %s",
+                                  s.agent, ",".join(sorted(s.pools)),
+                                  ", ".join(f"{n} ({r})" for r, n in sorted(builder.dropped.items())))
+        return builder.last_seq or ack
+
+    def _note(self, s: AgentSession, headers: wire.Headers) -> None:
+        got = dict(headers)
+        try:
+            b = Backlog(int(got.get(bf.BACKLOG_HEADERS[0], 0)), int(got.get(bf.BACKLOG_HEADERS[1], 0)),
+                        int(got.get(bf.BACKLOG_HEADERS[2], 0)))
+        except ValueError:
+            return
+        for pool in s.pools:
+            self.backlogs[pool] = b
+            self.on_backlog(pool, b)
+
+
+class BackfillMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.received = Counter("raven_gateway_backfill_received", "Kept scrapes received from agents", registry=r)
+        self.written = Counter("raven_gateway_backfill_written", "Kept scrapes every receiver acknowledged",
+                               registry=r)
+        self.dropped = Counter("raven_gateway_backfill_dropped", "Kept scrapes not written, by reason (node: not of "
+                               "the session's pool; port: no job; future, too-old: timestamp; bad-page: does not "
+                               "decompress or parse; refused: a receiver's 400)", ["reason"], registry=r)
+        self.requests = Counter("raven_gateway_backfill_requests", "Remote-write requests by HTTP status (0: no "
+                                "answer)", ["code"], registry=r)
+        self.backlog_bytes = Gauge("raven_gateway_backfill_backlog_bytes", "Bytes an agent of the pool last said it "
+                                   "keeps", ["pool"], registry=r)
+        self.backlog_minutes = Gauge("raven_gateway_backfill_backlog_minutes", "Minutes since the oldest scrape an "
+                                     "agent of the pool last said it keeps", ["pool"], registry=r)
+
+
+class Backfill:
+    """The gateway's backfill, wired: one puller task per agent session, the receivers, the metrics.
+
+    gateway/tunnel.py runs :meth:`session` beside each session; the service calls :meth:`start` (which says why
+    backfill is off when it is) and :meth:`stop`.
+    """
+
+    def __init__(self, cfg: GatewayBackfill, registry: Registry, metrics_registry: CollectorRegistry) -> None:
+        self.cfg = cfg
+        self.metrics = BackfillMetrics(metrics_registry)
+        m = self.metrics
+        self.receivers = Receivers(cfg, on_request=lambda url, code: m.requests.labels(str(code)).inc())
+        self.puller = BackfillPuller(cfg, registry, self.receivers,
+                                     on_dropped=lambda reason, n: m.dropped.labels(reason).inc(n),
+                                     on_written=m.written.inc, on_received=m.received.inc, on_backlog=self._backlog)
+        self.off_reason = "" if cfg.enabled and cfg.receivers else (
+            "backfill.enabled is false" if not cfg.enabled else "no receivers configured (backfill.receivers)")
+
+    def _backlog(self, pool: str, b: Backlog) -> None:
+        self.metrics.backlog_bytes.labels(pool).set(b.bytes)
+        self.metrics.backlog_minutes.labels(pool).set(round(b.minutes, 2))
+
+    def status(self) -> dict[str, dict[str, float]]:
+        """Each pool's backlog as its agents last said it (the status page and `raven status`)."""
+        return {pool: {"bytes": b.bytes, "scrapes": b.scrapes, "minutes": round(b.minutes, 1)}
+                for pool, b in sorted(self.puller.backlogs.items())}
+
+    async def start(self) -> None:
+        if self.off_reason:
+            log.info("backfill is off: %s", self.off_reason)
+            return
+        problems = await self.receivers.probe()
+        if len(problems) == len(self.cfg.receivers):
+            not_enabled = all("404" in p for p in problems)
+            if not_enabled:
+                self.off_reason = "no receiver takes remote writes: " + "; ".join(problems)
+                log.warning("backfill is off: %s", self.off_reason)
+                return
+        for p in problems:
+            log.warning("backfill: receiver %s; kept scrapes wait at the agents until it answers", p)
+        log.info("backfill on: kept scrapes go to %s", ", ".join(r.url for r in self.cfg.receivers))
+
+    async def session(self, s: AgentSession) -> None:
+        if not self.off_reason:
+            await self.puller.run(s)
+
+    async def stop(self) -> None:
+        await self.receivers.close()

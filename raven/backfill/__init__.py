@@ -1,0 +1,1 @@
+"""What the agent and the gateway share about backfill beyond the wire: how a kept page is compressed."""
