@@ -8,4 +8,4 @@ scripts/system-deps.sh
 scripts/validators.sh
 .venv/bin/ruff check raven gateway agent tests bench
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"

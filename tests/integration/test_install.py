@@ -113,10 +113,18 @@ def test_basic_install_is_valid_complete_and_has_no_secret(tmp_path: Path) -> No
         "raven-gateway-front-token", "raven-gateway-tls", "raven-agent-tls-pool-a", "raven-agent-tls-pool-b"]
 
 
-def test_gateway_and_agents_load_what_was_rendered(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def layer3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """LAYER3_ANSWERS rendered once (without secrets) for the tests that read it: (its directory, the output)."""
+    where = tmp_path_factory.mktemp("install-layer3")
+    (where / "answers.yaml").write_text(LAYER3_ANSWERS)
+    return where, run(["-f", "answers.yaml"], where).stdout
+
+
+def test_gateway_and_agents_load_what_was_rendered(layer3: tuple[Path, str]) -> None:
     """The gateway's configuration, with the DaemonSet's environment, knows the pools' reach and the address."""
-    (tmp_path / "answers.yaml").write_text(LAYER3_ANSWERS)
-    docs = docs_of(run(["-f", "answers.yaml"], tmp_path).stdout)
+    tmp_path, rendered = layer3
+    docs = docs_of(rendered)
     secrets_dir = tmp_path / "raven-secrets"
     tls = [f"tls.cert={secrets_dir / 'raven-gateway.pem'}", f"tls.key={secrets_dir / 'raven-gateway-key.pem'}",
            f"tls.ca={secrets_dir / 'ca.pem'}"]
@@ -150,8 +158,8 @@ def test_gateway_and_agents_load_what_was_rendered(tmp_path: Path) -> None:
     assert not {"ServiceMonitor", "Certificate"} & {d["kind"] for d in docs}
 
 
-def test_render_is_deterministic_and_secrets_only_on_request(tmp_path: Path) -> None:
-    (tmp_path / "answers.yaml").write_text(LAYER3_ANSWERS)
+def test_render_is_deterministic_and_secrets_only_on_request(layer3: tuple[Path, str]) -> None:
+    tmp_path, without = layer3
     first = run(["-f", "answers.yaml", "--with-secrets"], tmp_path).stdout
     second = run(["-f", "answers.yaml", "--with-secrets"], tmp_path).stdout
     assert first == second
@@ -161,7 +169,6 @@ def test_render_is_deterministic_and_secrets_only_on_request(tmp_path: Path) -> 
     assert secrets == {("kube-system", "raven-gateway-front-token"), ("monitoring", "raven-front-token"),
                        ("kube-system", "raven-gateway-tls"), ("kube-system", "raven-agent-tls-pool-a"),
                        ("kube-system", "raven-agent-tls-pool-c")}
-    without = run(["-f", "answers.yaml"], tmp_path).stdout
     assert "kind: Secret" not in without
     assert docs_of(without) == [d for d in docs if d["kind"] != "Secret"]
 
