@@ -29,6 +29,7 @@ from raven.dns.hosts import render as render_hosts
 from tests.support.dnsmasq import Dnsmasq
 from tests.support.fakekube import FakeKube
 from tests.support.paths import ROOT
+from tests.support.procs import run_to_end
 from tests.support.promtargets import PromTargets
 
 RAVEN = [sys.executable, "-m", "raven.cli"]
@@ -248,16 +249,10 @@ async def check(c: Cluster, *extra: str, token: bool = False) -> tuple[int, dict
         args += ["--dns-server", c.dns.server]
     if c.prometheus is not None and "--prometheus" not in extra:
         args += ["--prometheus", c.prometheus.url]
-    async def one(fmt: str) -> tuple[int | None, str]:
-        proc = await asyncio.create_subprocess_exec(*args, "-o", fmt, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+    async def one(fmt: str) -> tuple[int, str]:
+        code, out, err = await run_to_end(*args, "-o", fmt)
         assert b"Traceback" not in err, err.decode()
-        return proc.returncode, out.decode()
+        return code, out.decode()
 
     # Both forms at once (they read the same cluster, which no check changes): half the wall time.
     (code, text_json), (code_text, text) = await asyncio.gather(one("json"), one("text"))

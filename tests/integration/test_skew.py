@@ -9,7 +9,6 @@ agent offering only a protocol version no gateway speaks (against either release
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 import uuid
@@ -30,6 +29,7 @@ from raven.transport.tls import client_context
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.metrics import metric_values
 from tests.support.polling import eventually
+from tests.support.procs import run_to_end
 from tests.support.release import BUILD_TIMEOUT, Release, previous_release
 
 # The first test may build the previous release (about 75 s here with PyPI downloads; nothing when cached).
@@ -178,11 +178,8 @@ async def test_new_agent_old_gateway(tmp_path: Path, old: Release) -> None:
                 f"announced), protocol {OLD_PROTOCOL})") in bed.log(NEW_AGENT)
         # This release's `raven status` reads the older gateway's status.
         url = f"http://127.0.0.1:{bed.cluster.gateway_metrics_port}"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "raven.cli", "status", "--gateway", url,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, err.decode()
+        code, out, err = await run_to_end(sys.executable, "-m", "raven.cli", "status", "--gateway", url)
+        assert code == 0, err.decode()
         text = out.decode()
         assert f"release {version.UNANNOUNCED} or older (not announced)" in text and NEW_AGENT in text, text
 
@@ -210,8 +207,6 @@ async def test_agent_below_min_agent_version_is_refused(tmp_path: Path, old: Rel
 async def test_previous_release_runs_isolated(old: Release) -> None:
     """The old processes import the old release, not this checkout (the tests run from the checkout's directory,
     which ``python -m`` would otherwise put first on the path)."""
-    proc = await asyncio.create_subprocess_exec(*old.command, "--version", stdout=asyncio.subprocess.PIPE,
-                                                stdin=asyncio.subprocess.DEVNULL)
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0
+    code, out, _ = await run_to_end(*old.command, "--version")
+    assert code == 0
     assert out.decode().strip() == f"raven {old.version}"

@@ -21,6 +21,7 @@ from raven.demo.launch import LocalCluster, PoolSpec
 from raven.demo.simexporter import SimExporter, SimNode
 from raven.protocol import wire
 from tests.support.cluster import HOSTS, pick_node_port
+from tests.support.procs import run_to_end
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -114,14 +115,7 @@ async def test_status_page_in_a_real_browser(seen: Seen, tmp_path: Path) -> None
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
-    proc = await asyncio.create_subprocess_exec(_chromium(), *flags, "--dump-dom", url,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    _, out, err = await run_to_end(_chromium(), *flags, "--dump-dom", url)
     dom = out.decode()
     assert "<h1>Raven gateway gw-1</h1>" in dom, err.decode()[-2000:]
     for text in ("pool-a", "pool-b", "agent-pool-a-1", "agent-pool-a-2", "agent-pool-b-1", "st-a-1", "st-a-2"):
