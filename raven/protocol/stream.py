@@ -15,6 +15,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from mypy_extensions import mypyc_attr
+
 from raven.errors import RavenError
 from raven.protocol import wire
 from raven.protocol.flow import RecvWindow, SendCredit
@@ -65,6 +67,7 @@ class StreamReset(RavenError):
         self.remote = remote
 
 
+@mypyc_attr(native_class=False)  # two exception bases: an ordinary class when compiled
 class LocalProtocolError(RavenError, RuntimeError):
     """This side tried something the protocol does not allow (a bug in the caller, never the peer's doing)."""
 
