@@ -34,11 +34,13 @@ fi
 compiled=".venv/.compiled"
 if [ "${RAVEN_COMPILE:-1}" = "0" ]; then
     # The pure build: no compiled module may shadow its source (an editable install builds them in place).
-    mapfile -t sources < <(.venv/bin/python raven/build.py)
-    for src in "${sources[@]}"; do rm -f "${src%.py}".cpython-*.so; done
+    find raven gateway agent -name '*.cpython-*.so' -delete
     rm -f ./*__mypyc.cpython-*.so "$compiled"
 elif [ ! -f "$compiled" ] || [ -n "$(find raven/build.py $(.venv/bin/python raven/build.py) -newer "$compiled")" ]; then
     echo "setup: compiling the per-scrape modules with mypyc (log: .venv/build.log)"
+    # Compiled modules of an earlier list would shadow their sources: only the new build's remain.
+    find raven gateway agent -name '*.cpython-*.so' -delete
+    rm -f ./*__mypyc.cpython-*.so
     if ! pip install --no-build-isolation --no-deps -e . >.venv/build.log 2>&1; then
         tail -30 .venv/build.log >&2
         echo "setup: the mypyc build failed (full log: .venv/build.log); RAVEN_COMPILE=0 installs the pure build" >&2
