@@ -34,9 +34,10 @@ fi
 compiled=".venv/.compiled"
 if [ "${RAVEN_COMPILE:-1}" = "0" ]; then
     # The pure build: no compiled module may shadow its source (an editable install builds them in place).
-    find raven gateway agent -name '*.cpython-*.so' -delete
+    find raven gateway agent -name '*.cpython-*.so' -delete 2>/dev/null || true
     rm -f ./*__mypyc.cpython-*.so "$compiled"
-elif [ ! -f "$compiled" ] || [ -n "$(find raven/build.py $(.venv/bin/python raven/build.py) -newer "$compiled")" ]; then
+elif [ -f raven/build.py ] && { [ ! -f "$compiled" ] ||
+        [ -n "$(find raven/build.py $(.venv/bin/python raven/build.py) -newer "$compiled")" ]; }; then
     echo "setup: compiling the per-scrape modules with mypyc (log: .venv/build.log)"
     # Compiled modules of an earlier list would shadow their sources: only the new build's remain.
     find raven gateway agent -name '*.cpython-*.so' -delete
