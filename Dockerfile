@@ -42,7 +42,8 @@ RUN /opt/pip/bin/pip --python /opt/raven/bin/python install --no-index --find-li
 
 # mypyc (mypy) compiles Raven's per-scrape modules (raven/build.py lists them). It type-checks them against
 # the dependencies, so the build venv gets those too; only /opt/raven reaches the runtime stage.
-RUN /opt/pip/bin/pip install --no-index --find-links=/wheels -r /wheels/requirements.txt "mypy>=1.10"
+RUN /opt/pip/bin/pip install --no-index --find-links=/wheels -r /wheels/requirements.txt "mypy>=1.10" \
+        "types-PyYAML>=6.0"
 
 # Then Raven itself (pyproject.toml names README.md as the long description), its compiled wheel built here
 # with gcc and the Python headers of the build base; the runtime stage has no compiler.

@@ -124,7 +124,7 @@ else
     printf '%s\n' "$reqs" > "$wheels.new/requirements.txt"
     .venv/bin/python -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
         "${platforms[@]}" --python-version 3.11 --implementation cp --abi cp311 --find-links "$wheels" \
-        --dest "$wheels.new" -r "$wheels.new/requirements.txt" "pip>=23.1" "setuptools>=68" wheel "mypy>=1.10" \
+        --dest "$wheels.new" -r "$wheels.new/requirements.txt" "pip>=23.1" "setuptools>=68" wheel "mypy>=1.10" "types-PyYAML>=6.0" \
         2>"$wheels.log" \
         || { cat "$wheels.log" >&2; echo "image: could not download the dependencies' wheels" >&2; exit 1; }
     touch "$wheels.new/complete"

@@ -22,7 +22,9 @@ pip() { .venv/bin/pip --disable-pip-version-check "$@"; }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
     echo "setup: installing Raven${extra} and its dependencies into .venv (log: .venv/pip.log)"
     # The dependencies and the build tools first (a pure editable install), then the compiled build below.
-    if ! { pip install --upgrade pip "setuptools>=68" wheel "mypy>=1.10" &&
+    # mypyc's tools (mypy, and the stubs it checks the compiled modules' imports with) are the same three places:
+    # here, scripts/image.sh's wheels and the Dockerfile's builder.
+    if ! { pip install --upgrade pip "setuptools>=68" wheel "mypy>=1.10" "types-PyYAML>=6.0" &&
            RAVEN_COMPILE=0 pip install -e ".${extra}"; } >.venv/pip.log 2>&1; then
         tail -30 .venv/pip.log >&2
         echo "setup: pip install failed (full log: .venv/pip.log)" >&2
