@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from raven import __version__
+from raven import __version__, build
 from raven.protocol import wire
 
 RELEASE = __version__
@@ -22,7 +22,7 @@ def protocols(versions: tuple[int, ...] = wire.SUPPORTED_VERSIONS) -> str:
 
 def describe() -> str:
     """What ``raven --version`` prints."""
-    return f"raven {RELEASE} (tunnel protocol {protocols()})"
+    return f"raven {RELEASE} (tunnel protocol {protocols()}; {build.running()} build)"
 
 
 def peer_release(announced: str) -> str:

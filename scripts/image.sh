@@ -58,15 +58,16 @@ flock 9
 
 # ---------------------------------------------------------------- the base, from Debian packages
 # Two images from one debootstrap: the build base is the whole tree (minbase, python3, python3-venv for
-# pip, binutils to strip the wheels' shared objects); the runtime base keeps only what python3 needs at run
-# time (scripts/image-rootfs.py: no shell, no package manager, no documentation). Neither has apt lists.
+# pip, python3-dev and gcc for mypyc's build of Raven's compiled modules, binutils to strip shared objects);
+# the runtime base keeps only what python3 needs at run time (scripts/image-rootfs.py: no compiler, no shell,
+# no package manager, no documentation). Neither has apt lists.
 make_base() {  # $1 = the build base's tag, $2 = the runtime base's tag
     local work root
     work="$(mktemp -d /var/tmp/raven-base.XXXXXX)"
     root="$work/root"
     # shellcheck disable=SC2064
     trap "rm -rf '$work'" EXIT
-    debootstrap --variant=minbase --include=python3,python3-venv,binutils,netbase \
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,gcc,binutils,netbase \
         "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
         tail -n 30 "$work/debootstrap.log" >&2
         echo "image: debootstrap $suite from $mirror failed" >&2
@@ -77,7 +78,7 @@ make_base() {  # $1 = the build base's tag, $2 = the runtime base's tag
         "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/* "$root"/root/.cache
     tar -C "$root" --numeric-owner -c . | podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'CMD ["/bin/sh"]' \
-        --message "debootstrap $suite minbase + python3, python3-venv, binutils" - "$1" >/dev/null
+        --message "debootstrap $suite minbase + python3, python3-venv, python3-dev, gcc, binutils" - "$1" >/dev/null
     python3 scripts/image-rootfs.py "$root" "$work/runtime"
     tar -C "$work/runtime" --numeric-owner -c . | podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
@@ -123,7 +124,8 @@ else
     printf '%s\n' "$reqs" > "$wheels.new/requirements.txt"
     .venv/bin/python -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
         "${platforms[@]}" --python-version 3.11 --implementation cp --abi cp311 --find-links "$wheels" \
-        --dest "$wheels.new" -r "$wheels.new/requirements.txt" "pip>=23.1" "setuptools>=68" wheel 2>"$wheels.log" \
+        --dest "$wheels.new" -r "$wheels.new/requirements.txt" "pip>=23.1" "setuptools>=68" wheel "mypy>=1.10" "types-PyYAML>=6.0" \
+        2>"$wheels.log" \
         || { cat "$wheels.log" >&2; echo "image: could not download the dependencies' wheels" >&2; exit 1; }
     touch "$wheels.new/complete"
     # The same set as last time: keep the old folder (and with it podman's cached layer).

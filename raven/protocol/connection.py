@@ -54,7 +54,8 @@ class Connection:
         "peer_max_streams", "peer_window", "rtt", "state", "streams", "version"
     )
 
-    BATCH_BUDGET, DATAGRAM_QUEUE = Outbox.BATCH_BUDGET, Outbox.DATAGRAM_QUEUE
+    BATCH_BUDGET: Final = Outbox.BATCH_BUDGET
+    DATAGRAM_QUEUE: Final = Outbox.DATAGRAM_QUEUE
     # Frames that do nothing (empty DATA, frames for streams that ended or never were) cost the receiver work and
     # the sender nothing: a peer may send this many per second after a burst, then the session ends.
     VOID_RATE: Final = 1000.0
@@ -201,7 +202,7 @@ class Connection:
         st.local = nxt
         self._release_if_done(st)
 
-    def send_data(self, stream_id: int, data: bytes | memoryview, fin: bool = False) -> int:
+    def send_data(self, stream_id: int, data: bytes | bytearray | memoryview, fin: bool = False) -> int:
         """Queue as much of ``data`` as credit and the frame size allow; returns how many bytes (maybe 0).
 
         FIN goes on the frame only if all of ``data`` went. The bytes are referenced, not copied, until

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+from mypy_extensions import mypyc_attr
+
 from raven.errors import RavenError
 
 
@@ -27,6 +29,7 @@ class HandshakeCode(enum.Enum):
     CLOSED = "closed"  # the connection closed before the answer
 
 
+@mypyc_attr(native_class=False)  # two exception bases: an ordinary class when compiled
 class LocalProtocolError(RavenError, RuntimeError):
     """This side tried something the protocol does not allow (a bug in the caller, never the peer's doing)."""
 

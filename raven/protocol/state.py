@@ -25,6 +25,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from mypy_extensions import mypyc_attr
+
 from raven.errors import RavenError
 
 
@@ -64,6 +66,7 @@ OVER: Final = frozenset({S.ENDED, S.CLOSED})  # nothing more is sent or received
 del S, E
 
 
+@mypyc_attr(native_class=False)  # two exception bases: an ordinary class when compiled
 class SessionStateError(RavenError, RuntimeError):
     """The local side asked for a move the session's state does not allow (a bug in the caller)."""
 

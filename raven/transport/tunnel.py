@@ -80,10 +80,10 @@ class Tunnel:
         "on_datagram", "on_open", "on_stream_closed", "sink", "streams",
     )
 
-    HIGH_WATER = 1 << 20  # bytes queued for the transport before stream writers wait
-    LOW_WATER = 256 * 1024
-    HARD_LIMIT = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
-    WRITE_STALL_TIMEOUTS = 3  # a write waiting this many heartbeat timeouts for the peer to read ends the session
+    HIGH_WATER: Final = 1 << 20  # bytes queued for the transport before stream writers wait
+    LOW_WATER: Final = 256 * 1024
+    HARD_LIMIT: Final = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
+    WRITE_STALL_TIMEOUTS: Final = 3  # a write waiting this many heartbeat timeouts for the reader ends the session
     MIN_BUDGET: Final = 4096  # bytes taken from the core per send at the least (the kernel's room may be less)
     MIN_TIMER_STEP: Final = 0.01  # seconds: a deadline already reached is looked at again no sooner than this
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
+from mypy_extensions import mypyc_attr
 
 from raven.errors import RavenError
 
@@ -24,6 +25,7 @@ class WebSocketSink:
         await self.ws.close()
 
 
+@mypyc_attr(native_class=False)  # two exception bases: an ordinary class when compiled
 class TransportError(RavenError, ConnectionError):
     """The WebSocket under a session broke (an error, or a message type a session does not carry). A
     ``ConnectionError`` too: ``Tunnel.run`` ends the session on it as on any lost connection."""

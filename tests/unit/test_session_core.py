@@ -131,7 +131,7 @@ def test_a_mutable_buffer_is_copied_before_the_caller_can_reuse_it() -> None:
     gw, ag = pair()
     sid = gw.open_stream(op(fin=False))
     buf = bytearray(b"abc")
-    gw.send_data(sid, buf)  # type: ignore[arg-type]  # a bytearray, on purpose
+    gw.send_data(sid, buf)  # a bytearray, on purpose (compiled code checks the declared types)
     buf[:] = b"xyz"  # the caller reuses its buffer before the writer runs
     events = relay(gw, ag)
     assert [bytes(e.data) for e in events if isinstance(e, DataReceived)] == [b"abc"]

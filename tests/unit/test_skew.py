@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from gateway.statuspage import render_html, render_text
-from raven import __version__, version
+from raven import __version__, build, version
 from raven.config import GatewayConfig
 from raven.ops.metrics import AgentMetrics, GatewayMetrics
 from raven.protocol import wire
@@ -71,7 +71,7 @@ def test_releases_compare_as_versions() -> None:
     assert not version.older_than("0.10.0", "0.9.0")  # not a string comparison
     assert version.older_than("banana", "0.1.0")  # no version at all: below any floor
     assert version.peer_release("") == "0.1.0 or older (not announced)"
-    assert version.describe() == f"raven {__version__} (tunnel protocol 1,2,3)"
+    assert version.describe() == f"raven {__version__} (tunnel protocol 1,2,3; {build.running()} build)"
     with pytest.raises(ValueError):
         version.older_than("0.2.0", "banana")
 

@@ -12,7 +12,7 @@ from raven.errors import RavenError
 from raven.logsafe import escape
 
 PROTOCOL_VERSION = 3  # what a gateway chooses when the agent offers it
-SUPPORTED_VERSIONS = (1, 2, 3)
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
 BATCHED_FROM = 2  # the first version whose messages carry length-prefixed frames
 FIELDS_FROM = 3  # the first version whose OPEN carries the request's terms as fields (deadline, client key, hints)
 

@@ -1,0 +1,57 @@
+"""The compiled and the pure build: the same answers to the same bytes, and a switch between them that works."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raven import build
+from tests.support.paths import ROOT
+
+SEEDS = (1, 2, 3)
+PER_SEED = 2000
+
+
+def _python(code_or_args: list[str], pure: bool) -> str:
+    env = {k: v for k, v in os.environ.items() if k != build.ENV}
+    if pure:
+        env[build.ENV] = "pure"
+    done = subprocess.run([sys.executable, *code_or_args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_raven_build_pure_imports_every_listed_module_from_its_source() -> None:
+    names = sorted(build.module_names())
+    code = ("import importlib, json; from raven import build; "
+            f"print(json.dumps([build.running(), [importlib.import_module(n).__file__ for n in {names!r}]]))")
+    running, files = json.loads(_python(["-c", code], pure=True))
+    assert running == "pure"
+    assert len(files) == len(build.COMPILED) and all(f.endswith(".py") for f in files), files
+    assert "pure build" in _python(["-m", "raven.cli", "--version"], pure=True)
+
+
+def test_version_names_the_build_that_runs() -> None:
+    out = _python(["-m", "raven.cli", "--version"], pure=build.running() == "pure")
+    assert f"; {build.running()} build)" in out
+
+
+def test_compiled_and_pure_codec_and_core_agree_on_fuzzed_bytes() -> None:
+    from raven.protocol import wire
+
+    if not (wire.__file__ or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+        pytest.skip("this is the pure build (RAVEN_BUILD=pure, or built with RAVEN_COMPILE=0): nothing to compare")
+    for seed in SEEDS:
+        args = ["-m", "tests.support.codecfuzz", str(seed), str(PER_SEED)]
+        compiled, pure = json.loads(_python(args, pure=False)), json.loads(_python(args, pure=True))
+        assert (compiled["build"], pure["build"]) == ("compiled", "pure")
+        raised = sum(1 for r in pure["results"] if r[1][0] == "raised")
+        assert 0.2 * PER_SEED < raised < 0.9 * PER_SEED  # both valid frames and errors were exercised
+        for c, p in zip(compiled["results"], pure["results"], strict=True):
+            assert c == p, f"seed {seed}: the builds differ on {c[0]}"
