@@ -1,8 +1,8 @@
 """What this build's codec and session core make of fuzzed bytes, as comparable text (tests/unit/test_build.py).
 
 Run as ``python -m tests.support.codecfuzz SEED COUNT``: prints one JSON object, the build that ran
-(raven.build.running) and, for every input, what ``wire.decode``, ``wire.split_batch`` and a fresh acceptor
-session's ``receive`` gave: the frame or events (memoryviews as bytes, dataclasses field by field), or the
+(raven.build.running) and, for every input, what ``wire.decode``, ``wire.split_batch`` and a fresh agent-side
+connection's ``receive`` gave: the frame or events (memoryviews as bytes, dataclasses field by field), or the
 exception's type and message. The inputs are valid frames and batches of both protocol versions (taken from
 a session pair's own output) and their mutations: flipped bytes, truncations, splices and random bytes, from
 a seeded generator, so two processes given the same seed see the same bytes.
@@ -19,14 +19,13 @@ from collections.abc import Callable
 
 from raven import build
 from raven.protocol import wire
-from raven.protocol.session import Session
+from tests.support.memsession import core_pair
 
 
 def _valid_messages() -> list[bytes]:
     out: list[bytes] = []
     for version in (1, 2, 3):
-        common = dict(local_window=65536, peer_window=65536, local_max_streams=8, peer_max_streams=8, version=version)
-        gw, ag = Session(opener=True, **common), Session(opener=False, **common)  # type: ignore[arg-type]
+        gw, ag = core_pair(65536, 8, version=version)
         for fin in (True, False):
             sid = gw.open_stream(wire.Open(0, wire.StreamKind.HTTP, "edge-1", 9400, "GET", "/metrics",
                                            (("accept", "text/plain"), ("x-a", "b")), fin))
@@ -91,9 +90,7 @@ def run(seed: int, count: int) -> dict[str, object]:
     results = []
     for i in range(count):
         message = valid[i] if i < len(valid) else _mutate(rng, rng.choice(valid))
-        common = dict(local_window=65536, peer_window=65536, local_max_streams=8, peer_max_streams=8,
-                      version=rng.choice((1, 2, 3)))
-        acceptor = Session(opener=False, **common)  # type: ignore[arg-type]
+        _, acceptor = core_pair(65536, 8, version=rng.choice((1, 2, 3)))  # the agent's side, after its WELCOME
         results.append([message.hex(), _outcome(wire.decode, message), _outcome(wire.split_batch, message),
                         _outcome(acceptor.receive, message, 0.0), _outcome(acceptor.data_to_send)])
     return {"build": build.running(), "results": results}
