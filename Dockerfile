@@ -54,7 +54,10 @@ COPY gateway ./gateway
 COPY agent ./agent
 # .pyc files are compiled here, so the read-only root file system never needs to hold new ones; not for the
 # sources of compiled modules (only RAVEN_BUILD=pure reads those), nor is kubernetes_asyncio's changelog kept
-# (its wheel puts it at the top of site-packages): together 0.9 MB, which keeps the image within 150 MB.
+# (its wheel puts it at the top of site-packages): together 0.9 MB. kubernetes_asyncio (thousands of generated
+# API models, 22 MB of sources) is kept as its compiled files only, beside where its sources were (Python
+# imports them without the sources; its tracebacks show no source lines): that room holds the backfill's
+# zstandard and cramjam (docs/backfill.md) within 150 MB.
 ARG DROP_COMPILED_PYC="import pathlib, raven.build as b; root = pathlib.Path(b.__file__).parents[1]; \
 [p.unlink() for src in b.COMPILED for p in (root / src).parent.glob('__pycache__/' + pathlib.Path(src).stem + '.*.pyc')]"
 RUN /opt/pip/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
@@ -63,6 +66,9 @@ RUN /opt/pip/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist 
         -o -path '*/agent/*.so' | xargs -r strip --strip-unneeded \
     && /opt/raven/bin/python -m compileall -q /opt/raven/lib \
     && /opt/raven/bin/python -I -c "$DROP_COMPILED_PYC" \
+    && k8s=$(echo /opt/raven/lib/python3.*/site-packages/kubernetes_asyncio) \
+    && /opt/raven/bin/python -m compileall -q -b "$k8s" \
+    && find "$k8s" -name '*.py' -delete && find "$k8s" -name __pycache__ -prune -exec rm -rf {} + \
     && rm -f /opt/raven/lib/python3.*/site-packages/CHANGELOG.md \
     && /opt/raven/bin/raven --version | tee /dev/stderr | grep -q "compiled build"
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtualenv in .venv with Raven and its test tools.
 # Usage: scripts/setup.sh [--dev]   (--dev adds pytest, hypothesis, ruff, mypy)
-# Raven is installed editable with its per-scrape modules compiled by mypyc (raven/build.py lists them; gcc and
-# the Python headers are needed). The compiled modules are rebuilt whenever one of their sources changed, so an
-# edit is never shadowed by a stale .so. RAVEN_COMPILE=0 scripts/setup.sh installs the pure build instead; at
-# run time RAVEN_BUILD=pure runs the pure modules from the same install (README "Compiled and pure builds").
+# Raven is installed editable, pure Python by default. RAVEN_COMPILE=1 scripts/setup.sh compiles its per-scrape
+# modules with mypyc (raven/build.py lists them; gcc and the Python headers are needed; 1-4 minutes) and rebuilds
+# them whenever one of their sources changed, so an edit is never shadowed by a stale .so; at run time
+# RAVEN_BUILD=pure runs the pure modules from the same install (README "Compiled and pure builds"). The default
+# stays pure until the compiled build pays end to end (docs/performance.md: within noise of the pure one today).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -34,7 +35,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     touch "$stamp"
 fi
 compiled=".venv/.compiled"
-if [ "${RAVEN_COMPILE:-1}" = "0" ]; then
+if [ "${RAVEN_COMPILE:-0}" = "0" ]; then
     # The pure build: no compiled module may shadow its source (an editable install builds them in place).
     find raven gateway agent -name '*.cpython-*.so' -delete 2>/dev/null || true
     rm -f ./*__mypyc.cpython-*.so "$compiled"
@@ -46,7 +47,7 @@ elif [ -f raven/build.py ] && { [ ! -f "$compiled" ] ||
     rm -f ./*__mypyc.cpython-*.so
     if ! pip install --no-build-isolation --no-deps -e . >.venv/build.log 2>&1; then
         tail -30 .venv/build.log >&2
-        echo "setup: the mypyc build failed (full log: .venv/build.log); RAVEN_COMPILE=0 installs the pure build" >&2
+        echo "setup: the mypyc build failed (full log: .venv/build.log); RAVEN_COMPILE=0 (the default) installs the pure build" >&2
         exit 1
     fi
     touch "$compiled"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite: lint, types, unit and integration tests (compiled build),
-# and the unit tests on the pure build.
+# Set up (if needed) and run the whole test suite: lint, types, unit, integration and e2e tests (on the pure build
+# that setup.sh installs by default; with RAVEN_COMPILE=1, on the compiled build and the unit tests once more pure).
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +9,8 @@ scripts/system-deps.sh
 scripts/validators.sh
 .venv/bin/ruff check raven gateway agent tests bench
 .venv/bin/mypy
-# The unit suite once more on the pure build (RAVEN_BUILD=pure: the interpreted modules, same install); the
-# whole suite below runs on the compiled build, which is what setup.sh installs and the image ships.
+# A compiled install (RAVEN_COMPILE=1 scripts/setup.sh): the unit suite once more on the pure build
+# (RAVEN_BUILD=pure: the interpreted modules, same install); the whole suite below runs on the compiled build.
 if [ -f .venv/.compiled ]; then
     RAVEN_BUILD=pure .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit
 fi
