@@ -11,6 +11,7 @@ in process (a RESET in the same message as its OPEN; RESETs of one burst in two 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,58 +101,69 @@ async def _send(front: str, port: int, node: str) -> tuple[asyncio.StreamReader,
     return reader, writer
 
 
-async def test_clients_that_leave_the_queue_cost_the_node_no_connection(
-    tmp_path: Path, node: tuple[CountingNode, str, int]
-) -> None:
+@dataclass
+class QueuedNode:
+    """A cluster whose one node holds ``slots`` requests of one client unanswered, and ``queued`` more waiting in
+    the agent's queue behind them; ``clients`` are their connections (aborted at the end, whatever happened)."""
+
+    cluster: LocalCluster
+    metrics_port: int
+    clients: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+
+    async def streams(self) -> float:
+        return sum((await metric_values(self.metrics_port, "raven_agent_streams_in_flight")).values())
+
+    async def wait_streams(self, n: int, what: str) -> None:
+        async def there() -> bool:
+            return await self.streams() == n
+
+        await eventually(there, timeout=15, what=what)
+
+
+@contextlib.asynccontextmanager
+async def queued_node(tmp_path: Path, node: tuple[CountingNode, str, int], slots: int,
+                      queued: int) -> AsyncIterator[QueuedNode]:
     counting, host, port = node
     cluster = LocalCluster(
         tmp_path, [PoolSpec("pool-q", [SimNode("edge-q-1", host, port)], agents=1)], allowed_ports=[port],
-        # Every client of this test comes from one address: its share of the node is all of the node's slots.
-        agent_settings={"upstream_connections_per_node": SLOTS, "upstream_client_share": 1.0},
+        # Every client of these tests comes from one address: its share of the node is all of the node's slots.
+        agent_settings={"upstream_connections_per_node": slots, "upstream_client_share": 1.0},
         gateway_settings={"front": {"client_share": 1.0}},
     )
     clients: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
         await cluster.start()
-        agent = next(iter(cluster.agents.values()))
-
-        async def agent_streams() -> float:
-            return sum((await metric_values(agent.metrics_port, "raven_agent_streams_in_flight")).values())
-
-        for _ in range(SLOTS):
+        q = QueuedNode(cluster, next(iter(cluster.agents.values())).metrics_port, clients)
+        for _ in range(slots):
             clients.append(await _send(cluster.front_url, port, "edge-q-1"))
-        await eventually(lambda: counting.requests == SLOTS, timeout=15, what="the node's slots in use")
-        for _ in range(QUEUED):
+        await eventually(lambda: counting.requests == slots, timeout=15, what="the node's slots in use")
+        for _ in range(queued):
             clients.append(await _send(cluster.front_url, port, "edge-q-1"))
-
-        async def queued() -> bool:
-            return await agent_streams() == SLOTS + QUEUED
-
-        await eventually(queued, timeout=15, what="requests waiting in the agent's queue")
-        for _, writer in clients[SLOTS:]:
-            writer.transport.abort()  # the waiting clients leave
-
-        async def left() -> bool:
-            return await agent_streams() == SLOTS
-
-        await eventually(left, timeout=15, what="the abandoned requests gone from the agent")
-        counting.answer.set()
-        for reader, _ in clients[:SLOTS]:
-            async with asyncio.timeout(15):
-                answer = await reader.read()
-            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-
-        async def idle() -> bool:
-            return await agent_streams() == 0
-
-        await eventually(idle, timeout=15, what="the agent idle")
-        assert counting.accepted == SLOTS, f"{counting.accepted} connections for {SLOTS} slots in use"
-        requests = await metric_values(agent.metrics_port, "raven_agent_requests_total")
-        assert sum(v for labels, v in requests.items() if ("code", "200") in labels) == SLOTS, requests
+        await q.wait_streams(slots + queued, "requests waiting in the agent's queue")
+        yield q
     finally:
         for _, writer in clients:
             writer.transport.abort()
         await cluster.close()
+
+
+async def test_clients_that_leave_the_queue_cost_the_node_no_connection(
+    tmp_path: Path, node: tuple[CountingNode, str, int]
+) -> None:
+    counting = node[0]
+    async with queued_node(tmp_path, node, SLOTS, QUEUED) as q:
+        for _, writer in q.clients[SLOTS:]:
+            writer.transport.abort()  # the waiting clients leave
+        await q.wait_streams(SLOTS, "the abandoned requests gone from the agent")
+        counting.answer.set()
+        for reader, _ in q.clients[:SLOTS]:
+            async with asyncio.timeout(15):
+                answer = await reader.read()
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        await q.wait_streams(0, "the agent idle")
+        assert counting.accepted == SLOTS, f"{counting.accepted} connections for {SLOTS} slots in use"
+        requests = await metric_values(q.metrics_port, "raven_agent_requests_total")
+        assert sum(v for labels, v in requests.items() if ("code", "200") in labels) == SLOTS, requests
 
 
 EVERYONE_SLOTS = 16  # the agent's default upstream connections per node
@@ -164,53 +176,23 @@ async def test_clients_that_all_leave_at_once_cost_the_node_no_dial(
     """Every client leaves at once, those holding the node's slots and those queued behind them: their RESETs reach
     the agent over several messages, and a slot freed by an early one must not go to a queued request whose own
     RESET is still on its way (found by issue 29, item 7: 10 of 58 such requests were dialled)."""
-    counting, host, port = node
-    cluster = LocalCluster(
-        tmp_path, [PoolSpec("pool-q", [SimNode("edge-q-1", host, port)], agents=1)], allowed_ports=[port],
-        agent_settings={"upstream_connections_per_node": EVERYONE_SLOTS, "upstream_client_share": 1.0},
-        gateway_settings={"front": {"client_share": 1.0}},
-    )
-    clients: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    try:
-        await cluster.start()
-        agent = next(iter(cluster.agents.values()))
-
-        async def agent_streams() -> float:
-            return sum((await metric_values(agent.metrics_port, "raven_agent_streams_in_flight")).values())
-
-        for _ in range(EVERYONE_SLOTS):
-            clients.append(await _send(cluster.front_url, port, "edge-q-1"))
-        await eventually(lambda: counting.requests == EVERYONE_SLOTS, timeout=15, what="the node's slots in use")
-        for _ in range(EVERYONE_QUEUED):
-            clients.append(await _send(cluster.front_url, port, "edge-q-1"))
-
-        async def queued() -> bool:
-            return await agent_streams() == EVERYONE_SLOTS + EVERYONE_QUEUED
-
-        await eventually(queued, timeout=15, what="requests waiting in the agent's queue")
-        for _, writer in clients:
+    counting, _, port = node
+    async with queued_node(tmp_path, node, EVERYONE_SLOTS, EVERYONE_QUEUED) as q:
+        for _, writer in q.clients:
             writer.transport.abort()  # every client leaves, in one turn of this loop
-
-        async def idle() -> bool:
-            return await agent_streams() == 0
-
-        await eventually(idle, timeout=15, what="every request gone from the agent")
+        await q.wait_streams(0, "every request gone from the agent")
         dialled = counting.accepted - EVERYONE_SLOTS
         assert dialled == 0, f"{dialled} of {EVERYONE_QUEUED} abandoned requests were dialled"
-        requests = await metric_values(agent.metrics_port, "raven_agent_requests_total")
+        requests = await metric_values(q.metrics_port, "raven_agent_requests_total")
         assert requests.get((("code", "abandoned"), ("kind", "http"))) == EVERYONE_QUEUED, requests
 
         # A normal scrape still gets its slot and its answer.
         counting.answer.set()
-        reader, writer = await _send(cluster.front_url, port, "edge-q-1")
-        clients.append((reader, writer))
+        reader, writer = await _send(q.cluster.front_url, port, "edge-q-1")
+        q.clients.append((reader, writer))
         async with asyncio.timeout(15):
             answer = await reader.read()
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-    finally:
-        for _, writer in clients:
-            writer.transport.abort()
-        await cluster.close()
 
 
 def _policy(port: int) -> Policy:
