@@ -18,8 +18,10 @@ from raven.dns.names import NameRule
 from raven.dns.publisher import HostsPublisher
 from raven.dns.shards import render_shards, shard_of
 from raven.protocol import wire
+from tests.support.loopticks import loop_ticks
 
 ADDRESSES = ["fd00:10:96::1234", "10.96.123.45"]  # given IPv6 first: the file lists IPv4 first
+
 
 
 def reference(names: Sequence[str], addresses: Sequence[str], direct: Mapping[str, str]) -> str:
@@ -110,28 +112,14 @@ async def test_a_render_of_100000_names_leaves_the_event_loop_running(
             rendering.clear()
 
     monkeypatch.setattr(pub, "render_snapshot", watched)
-    ticks = while_rendering = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks, while_rendering
-        while not done.is_set():
-            ticks += 1
-            while_rendering += rendering.is_set()
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
+    async with loop_ticks(rendering) as ticks:
         await asyncio.sleep(0)
-        before = ticks
+        before = ticks.turns
         with caplog.at_level(logging.WARNING, "raven.hosts"):
             assert await pub.publish_once()
-        during = ticks - before
-    finally:
-        done.set()
-        await task
+        during = ticks.turns - before
     assert during > 0  # the loop ran other tasks while publishing
-    assert while_rendering > 0  # ... while the render itself ran
+    assert ticks.while_set > 0  # ... while the render itself ran
     assert render_threads and threading.get_ident() not in render_threads  # in a worker thread
     assert pub.content == "".join(render_shards(names[:-1], ADDRESSES, 4))
     skipped = [r for r in caplog.records if "Not_A_Host_Name" in r.getMessage()]

@@ -19,6 +19,7 @@ from gateway.statuspage import render_html, render_text
 from raven.cli import commands
 from raven.protocol import wire
 from tests.support.fleetviews import PER_POOL, POOLS, agent, fake_gateway, fleet, inp_of
+from tests.support.loopticks import loop_ticks
 
 
 def test_the_default_status_at_10000_nodes_is_a_summary_and_the_nodes_that_need_attention(tmp_path: Path) -> None:
@@ -166,25 +167,11 @@ async def test_views_render_off_the_event_loop_and_are_kept_while_nothing_change
 
     monkeypatch.setattr(status, "build", watched(status.build))
     monkeypatch.setattr(discovery, "groups", watched(discovery.groups))
-    ticks = while_rendering = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks, while_rendering
-        while not done.is_set():
-            ticks += 1
-            while_rendering += rendering.is_set()
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
+    async with loop_ticks(rendering) as ticks:
         sd_query = discovery.SdQuery((9400,), frozenset(), frozenset(), "pool")
         pages = await asyncio.gather(*(v.sd(sd_query) for _ in range(5)),
                                      v.status_page(status.StatusQuery(), html=True))
-    finally:
-        done.set()
-        await task
-    assert while_rendering > 0 and threads and threading.get_ident() not in threads  # in a worker thread
+    assert ticks.while_set > 0 and threads and threading.get_ident() not in threads  # in a worker thread
     assert v.sd_pages.renders == 1 and len({id(p) for p in pages[:5]}) == 1  # five readers, one render
     assert json.loads(pages[0].body)[0]["labels"]["pool"] == "pool-0"
     assert b"Raven gateway gw-1" in pages[5].body
