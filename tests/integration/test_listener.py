@@ -17,33 +17,22 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import free_port
 from raven.http.guard import READ_BUFFER, ConnectionGuard, GuardLimits
 from raven.http.listener import GuardedSite, guarded_handler
 from raven.transport.tls import client_context, server_context
+from tests.support.listenerbed import listener_pki, loops
 
 CLIENTS = 24
 BODY = READ_BUFFER + 123_457  # more than the shared buffer: reads span several fills
 
 
-def loops() -> list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]]:
-    found: list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]] = [("asyncio", asyncio.new_event_loop)]
-    try:
-        import uvloop
-    except ImportError:
-        return found
-    return [*found, ("uvloop", uvloop.new_event_loop)]
 
 
 @pytest.fixture(scope="module")
 def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("pki")
-    pki.create_ca(d)
-    pki.issue(d, d, "gateway", "gw", dns_names=["gw"], ip_addresses=["127.0.0.1"])
-    pki.issue(d, d, "agent", "agent-1", pools=["pool-a"])
-    return d
+    return listener_pki(tmp_path_factory.mktemp("pki"))
 
 
 async def exchange(tls: TLSConfig | None, client_tls: TLSConfig | None) -> list[tuple[str, str]]:

@@ -23,26 +23,16 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from raven import pki
 from raven.config import TLSConfig
 from raven.demo.launch import free_port
 from raven.http.guard import ConnectionGuard, GuardLimits
 from raven.http.listener import GuardedSite, guarded_handler
 from raven.http.quiet import unread_bytes
 from raven.transport.tls import client_context, server_context
+from tests.support.listenerbed import Loop, listener_pki, loops
 
 pytestmark = [pytest.mark.integration]
 
-Loop = Callable[[], asyncio.AbstractEventLoop]
-
-
-def loops() -> list[tuple[str, Loop]]:
-    found: list[tuple[str, Loop]] = [("asyncio", asyncio.new_event_loop)]
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        found.append(("uvloop", uvloop.new_event_loop))
-    return found
 
 
 LOOPS = pytest.mark.parametrize("factory", [f for _, f in loops()], ids=[n for n, _ in loops()])
@@ -51,11 +41,7 @@ TLS = pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
 
 @pytest.fixture(scope="module")
 def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("pki")
-    pki.create_ca(d)
-    pki.issue(d, d, "gateway", "gw", dns_names=["gw"], ip_addresses=["127.0.0.1"])
-    pki.issue(d, d, "agent", "agent-1", pools=["pool-a"])
-    return d
+    return listener_pki(tmp_path_factory.mktemp("pki"))
 
 
 class Front:
