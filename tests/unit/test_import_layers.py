@@ -4,9 +4,11 @@
 The layers, lowest first:
 
 - ``raven/protocol/``: the sans-I/O core; imports the standard library and itself, nothing else;
-- the rest of ``raven/``: the library both services share; never imports ``gateway`` or ``agent``;
-- ``gateway/`` and ``agent/``: the services; neither imports the other;
-- ``raven/cli/``: the ``raven`` command, the composition root that starts either service; nothing imports it.
+- the rest of ``raven/``: the library both services share, with the ``raven`` command (``raven/cli/``); never imports
+  ``gateway`` or ``agent``;
+- ``gateway/`` and ``agent/``: the services; neither imports the other. Each plugs its commands into ``raven``
+  through pyproject.toml's ``raven.commands`` entry points (gateway/command.py, agent/command.py), so that the
+  command line reaches the services without an import that runs up.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("raven", "gateway", "agent")
-COMPOSITION_ROOT = "raven.cli"
 
 # The two leaves of raven/ the core may use: the error base and the log escaping, which import the standard
 # library only (tests/unit/test_protocol_closed.py holds them to it). Nothing may be added to this.
@@ -108,15 +109,13 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer(name: str) -> str:
-    if name == COMPOSITION_ROOT or name.startswith(COMPOSITION_ROOT + "."):
-        return "cli"
     if name == "raven.protocol" or name.startswith("raven.protocol."):
         return "protocol"
     return name.split(".")[0]  # raven, gateway, agent
 
 
 ALLOWED = {"protocol": {"protocol"}, "raven": {"protocol", "raven"}, "gateway": {"protocol", "raven", "gateway"},
-           "agent": {"protocol", "raven", "agent"}, "cli": {"protocol", "raven", "gateway", "agent", "cli"}}
+           "agent": {"protocol", "raven", "agent"}}
 
 
 def test_no_import_runs_up_a_layer() -> None:
@@ -152,3 +151,32 @@ def test_a_deferred_import_counts(tmp_path: Path) -> None:
     module.write_text("def f():\n    from raven.dns import shards\n\nif False:\n    import gateway.service\n")
     known = {"raven.dns.shards": module, "gateway.service": module, "raven.dns": module}
     assert set(imported("x", module, known)) == {"raven.dns.shards", "gateway.service"}
+
+
+def test_the_services_commands_are_plugged_in_where_pyproject_says() -> None:
+    """Each ``raven.commands`` entry point names a function of the service packages that exists, and the
+    command line lists every one it expects from them (raven/cli/commands.py SERVICE_COMMANDS)."""
+    import importlib
+    import tomllib
+
+    from raven.cli import commands
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][commands.PLUGINS]
+    assert sorted(declared) == sorted(commands.SERVICE_COMMANDS)
+    for name, target in declared.items():
+        module, _, attr = target.partition(":")
+        assert layer(module) in ("gateway", "agent"), f"{name}: {target} is not a service's command"
+        assert callable(getattr(importlib.import_module(module), attr)), target
+
+
+def test_a_missing_service_command_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Run from a tree whose distribution is not installed (no entry points), ``raven gateway`` still parses and
+    says what is missing and how to install it, in one line: not argparse's "invalid choice"."""
+    from raven.cli import commands
+
+    monkeypatch.setattr(commands, "plugins", dict)
+    assert commands.main(["gateway", "--config", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "raven gateway: error: this copy of Raven has no 'gateway' command" in err
+    assert "scripts/setup.sh" in err and "Traceback" not in err

@@ -16,7 +16,6 @@ import pytest
 from gateway import discovery, status, views
 from gateway.registry import MAX_REFUSED_KEPT
 from gateway.statuspage import render_html, render_text
-from raven.cli import commands
 from raven.protocol import wire
 from tests.support.fleetviews import PER_POOL, POOLS, agent, fake_gateway, fleet, inp_of
 from tests.support.loopticks import loop_ticks
@@ -85,7 +84,6 @@ def test_filters_and_pages(tmp_path: Path) -> None:
             return [bad[key]] if key in bad else default
         with pytest.raises(status.BadStatusQuery, match=why):
             status.parse_query(list(bad), getall)
-    assert commands.STATUS_STATES == list(status.STATES)  # raven status --state offers the gateway's states
 
 
 def test_a_page_links_keep_the_filters_and_escape_what_peers_chose(tmp_path: Path) -> None:
