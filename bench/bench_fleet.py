@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import base64
 import collections
+import functools
 import json
 import os
 import resource
@@ -147,9 +148,11 @@ async def fetch_view(http: aiohttp.ClientSession, url: str, headers: dict[str, s
         run.views[path].append((0, 0, time.monotonic() - started))
 
 
-async def read_loop(reads: Callable[[aiohttp.ClientSession], list[Awaitable[Any]]], every: float, phase: float,
-                    start: float, end: float, run: Run) -> None:
-    """Alternate windows of ``phase`` seconds: odd ones make ``reads`` every ``every`` seconds."""
+async def read_loop(reads: list[Callable[[aiohttp.ClientSession], Awaitable[Any]]], every: float, phase: float,
+                    start: float, end: float, run: Run, at_once: bool = False) -> None:
+    """Alternate windows of ``phase`` seconds: odd ones make ``reads`` every ``every`` seconds. Each read has its own
+    offset in the interval, as Prometheus spreads its targets' scrapes over their interval (by a hash of each
+    target); ``at_once`` makes them all at the same instant instead (a burst no scraper makes: the worst case)."""
     # auto_decompress off: the reader takes the gzipped bytes as they come (their size is what crossed the wire).
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), auto_decompress=False) as http:
         k = 0
@@ -157,11 +160,14 @@ async def read_loop(reads: Callable[[aiohttp.ClientSession], list[Awaitable[Any]
             w0, w1 = start + k * phase, min(end, start + (k + 1) * phase)
             if k % 2:
                 run.reading.append((w0, w1))
-                t = w0
-                while t < w1:
+                n = 1 if at_once else len(reads)
+                due = sorted((w0 + m * every + i * every / n, i) for m in range(int((w1 - w0) / every + 0.999))
+                             for i in range(n))
+                for t, i in due:
+                    if t >= w1:
+                        break
                     await asyncio.sleep(max(0.0, t - time.monotonic()))
-                    await asyncio.gather(*reads(http))
-                    t += every
+                    await asyncio.gather(*(read(http) for read in (reads if at_once else [reads[i]])))
             await asyncio.sleep(max(0.0, w1 - time.monotonic()))
             k += 1
 
@@ -199,8 +205,9 @@ async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subpr
         gc0 = {k: gc_buckets(await fetch_metrics(http, p)) for k, p in metrics_ports.items()}
         if args.read_metrics and mode != "direct":
             ports = list(metrics_ports.values())
-            reader = asyncio.ensure_future(read_loop(lambda h: [fetch_metrics(h, p) for p in ports],
-                                                     args.read_metrics, args.phase_seconds, measured, end, run))
+            reader = asyncio.ensure_future(read_loop([functools.partial(fetch_metrics, port=p) for p in ports],
+                                                     args.read_metrics, args.phase_seconds, measured, end, run,
+                                                     args.reads_at_once))
         elif args.views and mode != "direct":
             ops = f"http://127.0.0.1:{metrics_ports['gateway']}"
             bearer = {"Authorization": f"Bearer {token}"}
@@ -212,8 +219,9 @@ async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subpr
             views += [(f"http://127.0.0.1:{p}", "/metrics (agents)", "/metrics", {})
                       for name, p in metrics_ports.items() if name != "gateway"]
             reader = asyncio.ensure_future(read_loop(
-                lambda h: [fetch_view(h, base + url, headers, run, path) for base, path, url, headers in views],
-                args.views, args.phase_seconds, measured, end, run))
+                [functools.partial(fetch_view, url=base + url, headers=headers, run=run, path=path)
+                 for base, path, url, headers in views],
+                args.views, args.phase_seconds, measured, end, run, args.reads_at_once))
         pids = {**pids, "generator": [p.pid for p in procs]}
         cpu0 = {k: sum(proc_stat(p)[0] for p in v) for k, v in pids.items()}
         while (now := time.monotonic()) < end:
@@ -372,6 +380,9 @@ def cli() -> int:
     parser.add_argument("--sd-group", choices=["pool", "node"], default="pool",
                         help="with --views: read /sd?group=pool (the shipped scrape configs) or one group per node "
                         "(what configs written before read; a gateway before issue 34 knows only that)")
+    parser.add_argument("--reads-at-once", action="store_true",
+                        help="with --views or --read-metrics: make every read of a round at the same instant (a burst "
+                        "no scraper makes) instead of each at its own offset in the interval, as Prometheus does")
     parser.add_argument("--phase-seconds", type=float, default=30.0,
                         help="window length for --read-metrics and --views")
     parser.add_argument("--identity", action="store_true",
