@@ -46,6 +46,7 @@ JSON = "application/json; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 KEEP = 300.0  # seconds a versioned page is kept at most (its key says when it is out of date anyway)
+JSON_PIECE = 256  # list items encoded per json.dumps call (about 50 KB of /sd or /nodes: a millisecond or two)
 WARM_AFTER = 1.0  # seconds after a registry change before the views are made again (a burst of changes: one)
 WARM_EVERY = 10.0  # at most once in this many seconds while the registry keeps changing (a read between: its own)
 
@@ -58,6 +59,14 @@ def _failed(future: asyncio.Future[Any]) -> bool:
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _json_items(items: list[Any], per_piece: int = JSON_PIECE) -> bytes:
+    """``_json(items)``, byte for byte, encoded ``per_piece`` items at a time: a ``json.dumps`` is one C call that
+    keeps the interpreter lock throughout (1.9 MB of /sd in one: 56-94 ms at load 9, the event loop waiting), and
+    between pieces the worker thread hands the lock to the loop when it asks."""
+    pieces = [_json(items[i:i + per_piece])[1:-1] for i in range(0, len(items), per_piece)]
+    return b"[" + b",".join(pieces) + b"]"
 
 
 class BackfillState(Protocol):
@@ -179,7 +188,7 @@ class Views:
 
             def render() -> Built:
                 groups, expires = discovery.groups(views.values(), pools, query, now, rebind_after)
-                return Built(Page.make(_json(groups), JSON), expires)
+                return Built(Page.make(_json_items(groups), JSON), expires)
             return render
 
         return await self.sd_pages.get(query, snapshot, made_of)
@@ -197,11 +206,10 @@ class Views:
 
             def render() -> Built:
                 reach = {p: pools.reach(p) for p in {v.pool for v in views.values()}}
-                return Built(Page.make(_json({
-                    "replica": made_of[3], "service_addresses": list(addresses),
-                    "nodes": [{"name": v.name, "pool": v.pool, "address": v.address, "reach": reach[v.pool],
-                               "agents": list(v.agents)} for v in sorted(views.values(), key=lambda v: v.name)],
-                }), JSON))
+                head = _json({"replica": made_of[3], "service_addresses": list(addresses)})
+                nodes = _json_items([{"name": v.name, "pool": v.pool, "address": v.address, "reach": reach[v.pool],
+                                      "agents": list(v.agents)} for v in sorted(views.values(), key=lambda v: v.name)])
+                return Built(Page.make(head[:-1] + b',"nodes":' + nodes + b"}", JSON))
             return render
 
         return await self.nodes_pages.get("nodes", snapshot, made_of)
