@@ -179,6 +179,15 @@ async def main(args: argparse.Namespace) -> None:
                 gaps += more
             longest.append(max(gaps))
             taken.append(sum(g for g in gaps if g > 0.0005))
+        if warm:
+            cpu = []
+            for k in range(args.repeat):
+                reg.register(a0, listed[: len(listed) - 1 + k % 2])
+                started = time.process_time()
+                await v.warm()
+                cpu.append(time.process_time() - started)
+            print(f"Views.warm after a registration (the fleet's summary and /sd?group=pool, what churn costs at most "
+                  f"once per {views.WARM_EVERY:g} s): CPU {best(cpu)}")
         print(f"the first /sd?group=pool and /status.html reads after a registration, {label}: the loop's longest "
               f"wait {best(longest)}, its waits over 0.5 ms together {best(taken)}")
 
