@@ -12,9 +12,14 @@ from typing import Any
 import pytest
 
 from gateway import discovery, status, views
+from gateway.service import Gateway
 from raven.aio import cancel_and_wait
+from raven.config import GatewayConfig
+from raven.config.loading import build
+from raven.demo.launch import LocalCluster, PoolSpec
+from raven.demo.simexporter import SimNode
 from raven.protocol import wire
-from tests.support.fleetviews import PER_POOL, fake_gateway, fleet
+from tests.support.fleetviews import PER_POOL, agent, fake_gateway, fleet
 from tests.support.loopticks import held_before_first_wait
 from tests.support.polling import eventually
 
@@ -104,3 +109,27 @@ async def test_sd_and_nodes_are_encoded_in_pieces_that_each_hold_the_interpreter
     listing = json.loads(nodes.body)
     assert nodes.body == real(listing, separators=(",", ":")).encode() and len(listing["nodes"]) == 10_000
     assert listing["replica"] == "gw-1" and listing["service_addresses"] == ["10.96.0.10"]
+
+
+async def test_the_gateway_makes_its_views_again_after_a_registration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wiring: the gateway's registry tells its views (and the hosts file) of each change, and the gateway runs
+    the views' warm-up from its start to its stop."""
+    monkeypatch.setattr(views, "WARM_AFTER", 0.05)
+    cluster = LocalCluster(tmp_path, [PoolSpec("pool-0", [SimNode("edge-gpu-0-0", "127.0.0.1", 9400)])],
+                           allowed_ports=[9400])
+    cluster.make_pki()
+    gw = Gateway(build(GatewayConfig, cluster.gateway_config(), environ={}))
+    await gw.start()
+    a0 = agent("agent-0", "pool-0")  # a session faked (what the registry and the views read of it)
+    try:
+        gw.registry.add_session(a0)
+        gw.registry.register(a0, [wire.NodeInfo(f"edge-gpu-0-{k}", "10.0.0.1", "pool-0") for k in range(PER_POOL)])
+        v = gw.ops_api.views
+        await eventually(lambda: v.warmed == 1, 10.0, "the gateway's views made again after the registration")
+        assert v.fleets_made == 1
+        page = await v.status_page(status.StatusQuery(), html=False)
+        assert v.fleets_made == 1 and b'"nodes":1000' in page.body  # the first read found the summary made
+    finally:
+        gw.registry.remove_session(a0)  # a fake: the gateway's stop would close it
+        await gw.stop()
