@@ -23,7 +23,8 @@ is compared with the others' (goal: within 1.2x). With --views N the same window
 Prometheus and an operator read from the gateway: ``/sd?port=P&group=pool`` (``--sd-group node``: one group per
 node) and ``/metrics`` (as Prometheus, with ``Accept-Encoding: gzip``), every agent's ``/metrics`` (Prometheus
 scrapes both services) and the status page ``/status.html`` (as a browser left open on it, gzip too); the scrapes'
-p99 and max with and without those reads (and their ratios) are printed, and the reads' own sizes and times.
+p99 and max with and without those reads (and their ratios) are printed, and the reads' own sizes and times. /sd is
+read once more at the warm-up's start, uncounted: Prometheus reads it before it scrapes the targets it lists.
 
     .venv/bin/python bench/bench_fleet.py --duration 600
 
@@ -201,6 +202,14 @@ async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subpr
     outputs = [asyncio.ensure_future(p.communicate()) for p in procs]
     reader = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        ops = f"http://127.0.0.1:{metrics_ports['gateway']}"
+        bearer = {"Authorization": f"Bearer {token}"}
+        sd = f"/sd?port={port}" + ("&group=pool" if args.sd_group == "pool" else "")
+        if args.views and mode != "direct":
+            # Prometheus reads /sd before it scrapes anything (that is where its targets come from): once here, at
+            # the warm-up's start, not counted. The gateway makes that page again after each registration since.
+            async with http.get(ops + sd, headers=bearer) as resp:
+                await resp.read()
         await asyncio.sleep(max(0.0, measured - time.monotonic()))
         gc0 = {k: gc_buckets(await fetch_metrics(http, p)) for k, p in metrics_ports.items()}
         if args.read_metrics and mode != "direct":
@@ -209,10 +218,7 @@ async def measure(args: argparse.Namespace, mode: str, procs: list[asyncio.subpr
                                                      args.read_metrics, args.phase_seconds, measured, end, run,
                                                      args.reads_at_once))
         elif args.views and mode != "direct":
-            ops = f"http://127.0.0.1:{metrics_ports['gateway']}"
-            bearer = {"Authorization": f"Bearer {token}"}
             browser = {"Authorization": "Basic " + base64.b64encode(f"operator:{token}".encode()).decode()}
-            sd = f"/sd?port={port}" + ("&group=pool" if args.sd_group == "pool" else "")
             views = [(ops, "/sd", sd, bearer), (ops, "/metrics", "/metrics", {}),
                      (ops, "/status.html", "/status.html", browser)]
             # Both services' /metrics, as Prometheus scrapes them: every agent's too (they share the machine).

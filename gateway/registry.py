@@ -140,6 +140,7 @@ class Registry:
         self.version = 0
         self._views: dict[str, NodeView] = {}
         self._stale: set[str] = set()  # nodes changed since the views' copy was made
+        self._handed_out = False  # the views' map went to a reader since it was made: the next change copies it
         self.refused: dict[str, RefusedClaim] = {}  # latest registrations' refused nodes, MAX_REFUSED_KEPT at most
         self.refused_dropped = 0  # refused claims not kept (over MAX_REFUSED_KEPT)
         self._reachable = (-1, 0)  # (node views' version, nodes with a session then)
@@ -401,28 +402,37 @@ class Registry:
             self.refused_dropped = 0
 
     def node_views(self) -> tuple[int, dict[str, NodeView]]:
-        """(version, name -> :class:`NodeView`) of every registered node. The mapping is a copy that nothing
-        changes once handed out (a worker thread may read it); only the nodes changed since the last call are
-        rebuilt, so a read when nothing changed costs nothing, and a registration that changes nothing too.
-        The version goes up whenever the mapping is another."""
-        if self._stale:
-            views = dict(self._views)
-            make = tuple.__new__  # NodeView(...) without its Python-level __new__: this runs per changed node
-            for name in self._stale:
-                e = self.nodes.get(name)
-                if e is None:
-                    views.pop(name, None)
-                    continue
-                sessions = e.sessions
-                agents = ((sessions[0].agent,) if len(sessions) == 1 else
-                          tuple(sorted({x.agent for x in sessions})) if sessions else ())
-                views[name] = make(NodeView, (e.name, e.pool, e.address, agents, e.released_at))
-            if len(self._stale) > 64:  # many new long-lived objects: frozen out of the collector's way soon
-                gcpause.settle_soon()
-            self._stale.clear()
-            self._views = views
-            self.version += 1
+        """(version, name -> :class:`NodeView`) of every registered node. The mapping is one that nothing changes
+        once handed out (a worker thread may read it). It is kept up to date as registrations change it (each
+        registration or departure remakes the views of the nodes it changed, :meth:`_refresh_views`), so that a
+        read finds it made: the first read after the fleet registered used to make 10,000 views on the event
+        loop in one piece (18-88 ms). The version goes up whenever the mapping is another."""
+        self._refresh_views()
+        self._handed_out = True
         return self.version, self._views
+
+    def _refresh_views(self) -> None:
+        """Remake the views of the nodes changed since the last call: in place when no reader holds the map (a
+        series of registrations with no read between them copies nothing), in a copy otherwise."""
+        if not self._stale:
+            return
+        views = dict(self._views) if self._handed_out else self._views
+        make = tuple.__new__  # NodeView(...) without its Python-level __new__: this runs per changed node
+        for name in self._stale:
+            e = self.nodes.get(name)
+            if e is None:
+                views.pop(name, None)
+                continue
+            sessions = e.sessions
+            agents = ((sessions[0].agent,) if len(sessions) == 1 else
+                      tuple(sorted({x.agent for x in sessions})) if sessions else ())
+            views[name] = make(NodeView, (e.name, e.pool, e.address, agents, e.released_at))
+        if len(self._stale) > 64:  # many new long-lived objects: frozen out of the collector's way soon
+            gcpause.settle_soon()
+        self._stale.clear()
+        self._views = views
+        self._handed_out = False
+        self.version += 1
 
     def reachable_count(self) -> int:
         """How many nodes an agent session holds now: counted once per version of the node views (``/readyz`` and
@@ -433,6 +443,7 @@ class Registry:
         return self._reachable[1]
 
     def _changed(self) -> None:
+        self._refresh_views()  # at the change, a registration's own nodes: never the whole fleet at a read
         if self.on_change is not None:
             self.on_change()
 

@@ -83,7 +83,6 @@ class Gateway:
                                     ready=lambda: self.kube_synced and self.ready()[0], shards=cfg.hosts.shards,
                                     direct=lambda: self.pools.hosts_entries(self.registry.nodes.values()),
                                     select=self.edge_names_allowed)
-        self.registry.on_change = self.hosts.changed
         ident = pki.load_identity(cfg.tls.cert)
         if ident.role in ("agent", "ca"):
             raise pki.PKIError(
@@ -127,6 +126,7 @@ class Gateway:
         self.proxy = Proxy(front, self.registry, self.metrics, lambda: self.tunnel.draining, self.front_guard,
                            settled=self.settled, auth=self.auth, pools=self.pools)
         self.ops_api = OpsApi(self)
+        self.registry.on_change = self._registry_changed
         self._runners: list[web.BaseRunner] = []
         self._front_sites: list[GuardedSite] = []
         self._background: list[asyncio.Task[None]] = []
@@ -304,6 +304,11 @@ class Gateway:
         names += [n.name for n in kube if not n.pool or tunnelled[n.pool]]
         return names
 
+    def _registry_changed(self) -> None:
+        """A registration or a departure: the hosts file is published again, and the ops views are made again."""
+        self.hosts.changed()
+        self.ops_api.views.changed()
+
     def edge_names_allowed(self, valid: list[str]) -> list[str]:
         """The names of ``valid`` the name rule allows; run in the hosts publisher's worker thread: it reads one
         attribute and the rule, which is never changed in place (a configuration reload replaces it whole)."""
@@ -387,6 +392,8 @@ class Gateway:
                 authorize=self.ops_api.authorize,  # open while no tokens are configured (a reload may add them)
             )
         )
+        # The views a registration changes are made again soon after it, not at the next read (gateway/views.py).
+        self._background.append(asyncio.get_running_loop().create_task(self.ops_api.views.run(), name="views"))
         self.reloader.start()
         if self.front_reloader is not None:
             self.front_reloader.start()

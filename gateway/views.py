@@ -7,21 +7,31 @@ scrapes and of the few sessions' figures. The render, its hash (ETag) and its gz
 (raven/ops/pages.py); pages are kept by what they were made from: /sd, /nodes and /hosts by the registry's and the
 pools' versions (and the query), so that a read when nothing changed is a lookup; the status, whose ages and
 last scrapes change every second, for one second. Concurrent readers of one page share one render.
+
+What a change of the registry makes again is not left to the next read: once it is a second old (:meth:`Views.run`,
+at most every ``WARM_EVERY`` seconds under churn) a worker thread makes the status's summary of the fleet
+(status.Fleet) and the /sd pages asked in the last ``KEEP`` seconds, so that the first read after the fleet
+registered finds them made (it used to make them: /sd's 41-46 ms and the summary's 25-28 ms of CPU, in the thread
+but holding the interpreter lock the loop needs, at the moment Prometheus and an operator read).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import discovery, status, statuspage
 from gateway.nodeview import NodeView
 from gateway.pools import Pools
+from raven.aio import retrieve_exception
 from raven.logsafe import escape
-from raven.ops.pages import Built, Page, PageCache, Render
+from raven.ops.pages import Built, Busy, Page, PageCache, Render
 from raven.protocol.state import SessionState
 
 if TYPE_CHECKING:
@@ -36,10 +46,27 @@ JSON = "application/json; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 KEEP = 300.0  # seconds a versioned page is kept at most (its key says when it is out of date anyway)
+JSON_PIECE = 256  # list items encoded per json.dumps call (about 50 KB of /sd or /nodes: a millisecond or two)
+WARM_AFTER = 1.0  # seconds after a registry change before the views are made again (a burst of changes: one)
+WARM_EVERY = 10.0  # at most once in this many seconds while the registry keeps changing (a read between: its own)
+
+log = logging.getLogger("raven.gateway.views")
+
+
+def _failed(future: asyncio.Future[Any]) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)
 
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _json_items(items: list[Any], per_piece: int = JSON_PIECE) -> bytes:
+    """``_json(items)``, byte for byte, encoded ``per_piece`` items at a time: a ``json.dumps`` is one C call that
+    keeps the interpreter lock throughout (1.9 MB of /sd in one: 56-94 ms at load 9, the event loop waiting), and
+    between pieces the worker thread hands the lock to the loop when it asks."""
+    pieces = [_json(items[i:i + per_piece])[1:-1] for i in range(0, len(items), per_piece)]
+    return b"[" + b",".join(pieces) + b"]"
 
 
 class BackfillState(Protocol):
@@ -84,6 +111,45 @@ class Views:
         self.status_pages = PageCache(max_age=1.0, size=16)
         self._pools_seen: tuple[int, frozenset[str]] = (-1, frozenset())
         self._fleet_kept: tuple[Hashable, status.Fleet] | None = None
+        self._fleet_making: tuple[Hashable, asyncio.Future[status.Fleet]] | None = None
+        self.fleets_made = 0  # summaries of the fleet made (tests and benchmarks read it)
+        # The /sd queries asked lately (when, last): made again after a change. As many as sd_pages keeps.
+        self._asked: OrderedDict[discovery.SdQuery, float] = OrderedDict()
+        self._dirty = asyncio.Event()
+        self.warmed = 0  # times the views were made again after a change (tests read it)
+
+    # ------------------------------------------------------------ after a change
+
+    def changed(self) -> None:
+        """The registry changed (its ``on_change``): the summary and the /sd pages asked lately are made again soon."""
+        self._dirty.set()
+
+    async def run(self) -> None:
+        """Make the views again ``WARM_AFTER`` seconds after the registry changed, at most every ``WARM_EVERY``
+        seconds: each time the fleet's summary, then each /sd page asked in the last ``KEEP`` seconds, one at a
+        time, in a worker thread. Runs until cancelled."""
+        while True:
+            await self._dirty.wait()
+            await asyncio.sleep(WARM_AFTER)
+            self._dirty.clear()
+            started = time.monotonic()
+            try:
+                await self.warm()
+            except Exception:  # a render that fails is the reads' to report: this task carries on
+                log.exception("making the views again after a change failed")
+            await asyncio.sleep(max(0.0, started + WARM_EVERY - time.monotonic()))
+
+    async def warm(self) -> None:
+        """The fleet's summary and the /sd pages asked lately, made for the registry as it is now."""
+        await self.fleet()
+        now = time.monotonic()
+        for query, asked in list(self._asked.items()):
+            if now - asked < KEEP:
+                try:
+                    await self.sd(query, asked=False)
+                except Busy:
+                    pass  # readers are making pages already: theirs will be kept
+        self.warmed += 1
 
     def _versions(self) -> tuple[int, int, dict[str, NodeView], Pools]:
         """(registry version, pools version, node views, a copy of the pools' settings): on the loop."""
@@ -99,7 +165,8 @@ class Views:
             self._pools_seen = (version, frozenset({v.pool for v in views.values()}.union(configured)))
         return self._pools_seen[1]
 
-    async def sd(self, query: discovery.SdQuery) -> Page:
+    async def sd(self, query: discovery.SdQuery, asked: bool = True) -> Page:
+        """The /sd page for ``query`` (``asked``: a client's, made again after a change; False: :meth:`warm`'s)."""
         reg = self.gw.registry
         version, pools_version, node_views, _ = self._versions()
         if query.pools:
@@ -108,6 +175,11 @@ class Views:
             query = query._replace(pools=query.pools & self._known_pools(version, node_views))
             if not query.pools:
                 return Page.make(b"[]", JSON)
+        if asked:
+            self._asked[query] = time.monotonic()
+            self._asked.move_to_end(query)
+            while len(self._asked) > self.sd_pages.size:
+                self._asked.popitem(last=False)
         made_of: Hashable = (version, pools_version, reg.rebind_after)
 
         def snapshot() -> Render:
@@ -116,7 +188,7 @@ class Views:
 
             def render() -> Built:
                 groups, expires = discovery.groups(views.values(), pools, query, now, rebind_after)
-                return Built(Page.make(_json(groups), JSON), expires)
+                return Built(Page.make(_json_items(groups), JSON), expires)
             return render
 
         return await self.sd_pages.get(query, snapshot, made_of)
@@ -134,11 +206,10 @@ class Views:
 
             def render() -> Built:
                 reach = {p: pools.reach(p) for p in {v.pool for v in views.values()}}
-                return Built(Page.make(_json({
-                    "replica": made_of[3], "service_addresses": list(addresses),
-                    "nodes": [{"name": v.name, "pool": v.pool, "address": v.address, "reach": reach[v.pool],
-                               "agents": list(v.agents)} for v in sorted(views.values(), key=lambda v: v.name)],
-                }), JSON))
+                head = _json({"replica": made_of[3], "service_addresses": list(addresses)})
+                nodes = _json_items([{"name": v.name, "pool": v.pool, "address": v.address, "reach": reach[v.pool],
+                                      "agents": list(v.agents)} for v in sorted(views.values(), key=lambda v: v.name)])
+                return Built(Page.make(head[:-1] + b',"nodes":' + nodes + b"}", JSON))
             return render
 
         return await self.nodes_pages.get("nodes", snapshot, made_of)
@@ -195,23 +266,42 @@ class Views:
             s["age_seconds"] = round(max(0.0, inp.now - float(s.pop("connected_at"))), 1)
         return inp
 
-    def _fleet(self, key: Hashable, inp: status.StatusInput) -> status.Fleet:
-        """The status's summary of the node views (status.Fleet), kept per (registry, pools) version: made in the
-        worker thread at the first status after a change, read by every status until the next one."""
+    async def fleet(self) -> status.Fleet:
+        """The status's summary of the node views (status.Fleet), kept per (registry, pools) version: made in a
+        worker thread once per change (by :meth:`warm` soon after it, or by the first status read before that),
+        read by every status until the next change. Readers that come while it is being made share that one."""
+        key = (self.gw.registry.node_views()[0], self.gw.pools.version)
         kept = self._fleet_kept
         if kept is not None and kept[0] == key:
             return kept[1]
-        fleet = status.fleet_of(inp.views, inp.pools)
-        self._fleet_kept = (key, fleet)  # one reference replaced: a status rendering beside it keeps its own
+        making = self._fleet_making
+        if making is None or making[0] != key or _failed(making[1]):
+            _, node_views = self.gw.registry.node_views()
+            pools = copy.copy(self.gw.pools)
+            future = asyncio.ensure_future(asyncio.to_thread(status.fleet_of, node_views, pools))
+            future.add_done_callback(retrieve_exception)  # even when no reader waits for it any more
+            self._fleet_making = making = (key, future)
+            self.fleets_made += 1
+        fleet = await asyncio.shield(making[1])
+        if self._fleet_making is making:
+            self._fleet_making = None
+            self._fleet_kept = (key, fleet)  # one reference replaced: a status rendering beside it keeps its own
         return fleet
 
     async def status_page(self, query: status.StatusQuery, html: bool) -> Page:
+        page = self.status_pages.cached((html, query))
+        if page is not None:
+            return page
+        fleet = await self.fleet()
+
         def snapshot() -> Render:
-            key = (self.gw.registry.node_views()[0], self.gw.pools.version)
+            same = self._fleet_kept is not None and self._fleet_kept[1] is fleet and self._fleet_kept[0] == (
+                self.gw.registry.node_views()[0], self.gw.pools.version)
             inp = self.status_input()
 
             def render() -> Built:
-                snap = status.build(inp, query, self._fleet(key, inp))
+                # A registration between the summary and this snapshot: the status is made of the snapshot alone.
+                snap = status.build(inp, query, fleet if same else None)
                 if html:
                     return Built(Page.make(statuspage.render_html(snap).encode(), HTML))
                 return Built(Page.make(_json(snap), JSON))

@@ -1,13 +1,18 @@
 """Count the event loop's turns while a test awaits something, and how many of them came while a worker thread's
-flag was set: a render done off the loop leaves the loop turning during it."""
+flag was set: a render done off the loop leaves the loop turning during it; and how long a call holds the loop before
+it first waits."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -34,3 +39,13 @@ async def loop_ticks(flag: threading.Event) -> AsyncIterator[Ticks]:
     finally:
         done.set()
         await task
+
+
+async def held_before_first_wait(start: Callable[[], Awaitable[T]]) -> tuple[float, T]:
+    """How long ``start()`` held the event loop before it first waited (seconds of wall time: for a view, its part on
+    the loop up to handing the render to a thread, or the whole read when it finds the page kept), and its result."""
+    started = time.perf_counter()
+    task = asyncio.ensure_future(start())
+    await asyncio.sleep(0)  # the task runs up to its first wait (or to its end) before this returns
+    held = time.perf_counter() - started
+    return held, await task
