@@ -1,7 +1,7 @@
-"""gateway/pagewrite.py against the simple path it replaced (exposition.parse, the labels merged as Prometheus
-does, remotewrite.encode): the same bytes for every page, the same PageError (same message) for every page that
-does not parse, with a target's label sets kept from its earlier pages; the cache of kept label sets bounded; and
-a target's next page read without the strict reader."""
+"""gateway/pagewrite.py against the simple path it replaced (tests/support/simplewrite.py: exposition.parse, the
+labels merged as Prometheus does, remotewrite.encode): the same bytes for every page, the same PageError (same
+message) for every page that does not parse, with a target's label sets kept from its earlier pages; the cache of
+kept label sets bounded; and a target's next page read without the strict reader."""
 
 from __future__ import annotations
 
@@ -12,24 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import exposition, pagewrite, remotewrite
+from gateway import exposition, pagewrite
 from raven.demo.dcgm_page import NodeModel
+from tests.support.simplewrite import simple_write
 
 TS = 1_800_000_000_123
 TARGET = {"job": "edge-dcgm", "instance": "n1:9400", "node": "n1", "pool": "pool-a"}
-
-
-def reference(page: bytes, target: dict[str, str], ts_ms: int) -> tuple[bytes, int]:
-    """What gateway/backfill.py wrote before pagewrite: every sample parsed, its labels merged and sorted, encoded."""
-    samples = exposition.parse(page)
-    series: list[remotewrite.Series] = []
-    for name, labels, value in samples:
-        merged = {"__name__": name}
-        for k, v in labels:
-            merged[f"exported_{k}" if k in target else k] = v
-        merged.update(target)
-        series.append((tuple(sorted(merged.items())), [(ts_ms, value)]))
-    return remotewrite.encode(series), len(samples)
 
 
 def outcome(fn: object, *args: object) -> tuple[bytes, int] | str:
@@ -43,7 +31,7 @@ def check_pages(pages: list[bytes], target: dict[str, str] = TARGET, ts_ms: int 
     """Every page, in turn, through one target's series (kept from the pages before it) as the reference has it."""
     series = pagewrite.TargetSeries(target)
     for page in pages:
-        want = outcome(reference, page, target, ts_ms)
+        want = outcome(simple_write, page, target, ts_ms)
         got = outcome(pagewrite.encode_page, page, series, ts_ms)
         assert got == want, page
 
@@ -178,9 +166,9 @@ def test_a_targets_next_page_is_written_without_the_strict_reader(monkeypatch: p
     model = NodeModel("edge-gpu-1")
     series = pagewrite.TargetSeries(TARGET)
     first = pagewrite.encode_page(model.render(0), series, TS)
-    assert first == reference(model.render(0), TARGET, TS)
+    assert first == simple_write(model.render(0), TARGET, TS)
     page = model.render(1)
-    want = reference(page, TARGET, TS + 15_000)
+    want = simple_write(page, TARGET, TS + 15_000)
     read: list[str] = []
     real = exposition.read_line
 
@@ -223,6 +211,6 @@ def test_the_cache_keeps_its_byte_budget_and_the_targets_in_use(monkeypatch: pyt
     # A page bigger than the budget is written, and not kept.
     huge = b"".join(b'g{i="%d"} 1\n' % i for i in range(2000))
     series = cache.target("big", 9400, TARGET)
-    assert pagewrite.encode_page(huge, series, TS) == reference(huge, TARGET, TS)
+    assert pagewrite.encode_page(huge, series, TS) == simple_write(huge, TARGET, TS)
     cache.done("big", 9400, series)
     assert ("big", 9400) not in cache._targets and cache.size <= cache.max_bytes
