@@ -1,12 +1,13 @@
 """Samples out of a scraped page (Prometheus text format 0.0.4, and OpenMetrics 1.0's sample lines): strict and
 bounded, a :class:`PageError` for anything else.
 
-prometheus_client's parser is the reference (tests/unit/test_exposition.py checks this one against it) but takes
-about 40 ms for one 50 KB dcgm-exporter page, pure Python character by character; a backlog of 1,000 nodes for
-30 minutes is 120,000 pages. This one reads a line with one compiled pattern and its labels with another (about
-1 ms a page). Comments (``# HELP``, ``# TYPE``, ``# EOF``) are skipped; an OpenMetrics exemplar (`` # {...}``)
-is dropped; the page's own timestamps are ignored (the scrape's is used, as Prometheus does for exporters that send
-none, dcgm-exporter among them).
+prometheus_client's parser is the reference (tests/unit/test_backfill_gateway.py checks this one against it) but
+takes about 40 ms for one 50 KB dcgm-exporter page, pure Python character by character; a backlog of 1,000 nodes
+for 30 minutes is 120,000 pages. This one reads a line with one compiled pattern and its labels with another (a few
+ms a page); the gateway reads only the lines whose label sets it has not met before with it (:func:`read_line`),
+the others in gateway/pagewrite.py. Comments (``# HELP``, ``# TYPE``, ``# EOF``) are skipped; an OpenMetrics
+exemplar (`` # {...}``) is dropped; the page's own timestamps are ignored (the scrape's is used, as Prometheus does
+for exporters that send none, dcgm-exporter among them).
 """
 
 from __future__ import annotations
