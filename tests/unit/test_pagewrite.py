@@ -214,3 +214,43 @@ def test_the_cache_keeps_its_byte_budget_and_the_targets_in_use(monkeypatch: pyt
     assert pagewrite.encode_page(huge, series, TS) == simple_write(huge, TARGET, TS)
     cache.done("big", 9400, series)
     assert ("big", 9400) not in cache._targets and cache.size <= cache.max_bytes
+
+
+def test_the_builder_writes_batches_as_the_simple_path_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches as an agent sends them (several nodes, keys resent in each batch, a page that does not parse): the
+    same requests, byte for byte, and the same drops, with the gateway's cache kept across the batches."""
+    from agent.backlog import Backlog
+    from gateway import backfill
+    from raven.config.backfill import GatewayBackfill
+    from raven.protocol import backfill as bf
+
+    kept = Backlog()
+    models = [NodeModel(f"edge-gpu-{i}", gpus=2, processes_per_gpu=2) for i in range(3)]
+    for tick in range(6):
+        for i, model in enumerate(models):
+            page = model.render(tick) if (i, tick) != (1, 3) else b'broken{gpu="0" 1\n'
+            kept.add(f"edge-gpu-{i}", 9400, TS + tick * 15_000, page)
+    batches = []
+    while kept.scrapes:
+        batches.append(kept.batch(1500))
+        kept.ack(max(e.seq for e in batches[-1] if isinstance(e, bf.Scrape)))
+    assert len(batches) > 2
+    cfg = GatewayBackfill(jobs={9400: "edge-dcgm"}, samples_per_request=100)
+
+    def write(series: pagewrite.SeriesCache) -> tuple[list[tuple[bytes, list[bytes], int]], dict[str, int]]:
+        out: list[tuple[bytes, list[bytes], int]] = []
+        dropped: dict[str, int] = {}
+        for entries in batches:
+            b = backfill.Builder(entries, cfg, lambda node: "pool-a", TS + 100_000, series)
+            while (req := b.next()) is not None:
+                out.append((req.body, req.parts, req.samples))
+            for reason, n in b.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        return out, dropped
+
+    cache = pagewrite.SeriesCache()
+    got = write(cache)
+    assert len(cache) == 3 and got[1] == {"bad-page": 1}
+    with monkeypatch.context() as m:
+        m.setattr(pagewrite, "encode_page", lambda page, series, ts: simple_write(page, series.labels, ts))
+        assert write(pagewrite.SeriesCache()) == got
