@@ -151,10 +151,13 @@ def encode_page(page: bytes, series: TargetSeries, ts_ms: int,
             if got is None:
                 continue  # a line of blanks
             (name, labels, v), end = got
-            entry = series.entry(labels, encoded)
+            key = "" if end < 0 else line[len(name) + 1:end + 1]
+            entry = sets.get(key)  # a kept set under a new name, say
+            if entry is None:
+                entry = series.entry(labels, encoded)
+                if entry[3]:
+                    series.keep(key, entry)
             encoded_name = series.name(name)
-            if entry[3]:
-                series.keep("" if end < 0 else line[len(name) + 1:end + 1], entry)
         before, after, size, named = entry
         if not named:
             encoded_name = b""
