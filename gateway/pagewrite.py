@@ -170,7 +170,11 @@ def encode_page(page: bytes, series: TargetSeries, ts_ms: int,
 
 
 class SeriesCache:
-    """Every target's :class:`TargetSeries` within ``max_bytes``, shared by the threads that build requests."""
+    """Every target's :class:`TargetSeries` within ``max_bytes``, shared by the threads that build requests.
+
+    Two threads may write pages of one target at once (two agents of a pool that both kept it): each entry they
+    add is the same for the same text, and a dict's get and set are atomic, so the bytes stay right; the count of
+    what the target grew by may then miss an entry (an estimate anyway, ``_ENTRY_OVERHEAD``)."""
 
     def __init__(self, max_bytes: int = CACHE_BYTES, keep_in_use: float = KEEP_IN_USE) -> None:
         self.max_bytes = max_bytes
