@@ -3,7 +3,7 @@
 For each agent session a task asks for the backlog on a BACKFILL stream (raven/protocol/backfill.py) every
 ``poll_interval``, and while there is one, batch after batch: each stream acknowledges the batch before it. A
 batch is checked and turned into remote-write requests off the event loop (:func:`build`): only nodes of the
-session's own pool at ports with a job; pages within ``max_page`` that parse (gateway/exposition.py); samples
+session's own pool at ports with a job; pages within ``max_page`` that parse (gateway/pagewrite.py); samples
 within ``max_age`` and ``max_future`` of now; the labels the scrape configuration gives the target (job,
 instance, node, pool; a page's own label of that name becomes ``exported_<name>``, as Prometheus does). ``up``
 and the scrape_* series are not written: the live scrapes' ``up == 0`` stays what happened. Every receiver gets
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway import exposition, remotewrite
+from gateway import exposition, pagewrite, remotewrite
 from gateway.registry import AgentSession, Registry
 from gateway.rwclient import Receivers
 from raven.backfill import pages
@@ -66,24 +66,15 @@ def _target_labels(cfg: GatewayBackfill, job: str, node: str, port: int, pool: s
     return {k: every[k] for k in cfg.target_labels}
 
 
-def series_of(samples: list[exposition.Sample], target: dict[str, str], ts_ms: int) -> list[remotewrite.Series]:
-    out: list[remotewrite.Series] = []
-    for name, labels, value in samples:
-        merged = {"__name__": name}
-        for k, v in labels:
-            merged[f"exported_{k}" if k in target else k] = v
-        merged.update(target)
-        out.append((tuple(sorted(merged.items())), [(ts_ms, value)]))
-    return out
-
-
 class Builder:
     """A batch's scrapes, checked, as remote-write requests one at a time (CPU only: :meth:`next` runs off the
-    loop). ``pool_of(node)`` is the node's pool when it is one of the session's own, else None."""
+    loop). ``pool_of(node)`` is the node's pool when it is one of the session's own, else None; ``series`` what
+    the targets' earlier pages taught (gateway/pagewrite.py)."""
 
     def __init__(self, entries: list[bf.Entry], cfg: GatewayBackfill, pool_of: Callable[[str], str | None],
-                 now_ms: int) -> None:
+                 now_ms: int, series: pagewrite.SeriesCache | None = None) -> None:
         self.cfg = cfg
+        self.series = pagewrite.SeriesCache() if series is None else series
         self.pool_of = pool_of
         self.now_ms = now_ms
         self.dropped: dict[str, int] = {}  # reason -> scrapes
@@ -113,18 +104,18 @@ class Builder:
             if parsed is None:
                 self._at += 1
                 continue
-            page, pool, job = parsed
-            if parts and samples + len(page) > cfg.samples_per_request:
+            part, n = parsed
+            if parts and samples + n > cfg.samples_per_request:
                 break  # this scrape starts the next request
             self._at += 1
-            target = _target_labels(cfg, job, e.node, e.port, pool)
-            parts.append(remotewrite.encode(series_of(page, target, e.ts_ms)))
-            samples += len(page)
+            parts.append(part)
+            samples += n
         if not parts:
             return None
         return Request(remotewrite.compress(b"".join(parts)), parts, samples)
 
-    def _scrape(self, e: bf.Scrape) -> tuple[list[exposition.Sample], str, str] | None:
+    def _scrape(self, e: bf.Scrape) -> tuple[bytes, int] | None:
+        """The scrape's part of a WriteRequest and its samples, or None when it is dropped."""
         cfg = self.cfg
         pool = self.pool_of(e.node)
         job = cfg.jobs.get(e.port)
@@ -141,7 +132,11 @@ class Builder:
         else:
             try:
                 page = key if not e.blob else pages.decompress(e.blob, key, cfg.max_page)
-                return exposition.parse(page), pool, job
+                series = self.series.target(e.node, e.port, _target_labels(cfg, job, e.node, e.port, pool))
+                try:
+                    return pagewrite.encode_page(page, series, e.ts_ms)
+                finally:
+                    self.series.done(e.node, e.port, series)
             except (pages.PageError, exposition.PageError):
                 self._drop("bad-page")
         return None
@@ -162,6 +157,7 @@ class BackfillPuller:
         self.on_backlog = on_backlog
         self.backlogs: dict[str, Backlog] = {}  # pool -> the latest an agent of it said
         self._slots = asyncio.Semaphore(cfg.concurrency)
+        self._series = pagewrite.SeriesCache()  # what the targets' pages taught, for their next ones
         self._log = RateLimitedLog(log)
 
     def pool_of(self, s: AgentSession) -> Callable[[str], str | None]:
@@ -209,7 +205,7 @@ class BackfillPuller:
             stream.close()
         self.on_received(sum(isinstance(e, bf.Scrape) for e in entries))
         async with self._slots:
-            builder = Builder(entries, self.cfg, self.pool_of(s), int(time.time() * 1000))
+            builder = Builder(entries, self.cfg, self.pool_of(s), int(time.time() * 1000), self._series)
             while (req := await asyncio.to_thread(builder.next)) is not None:
                 refused = await self.receivers.write(req.body, req.parts)
                 if refused:

@@ -35,7 +35,8 @@ _DOUBLE = struct.Struct("<d")
 _SMALL: Final = tuple(bytes((i,)) for i in range(128))
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A protobuf varint (an int64 below zero takes ten bytes, as protobuf writes it)."""
     if 0 <= n < 128:
         return _SMALL[n]
     if n < 0:
@@ -50,21 +51,24 @@ def _varint(n: int) -> bytes:
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-def _label(name: str, value: str) -> bytes:
-    return _field(1, _field(1, name.encode()) + _field(2, value.encode()))
+def label(name: str, value: str) -> bytes:
+    """One encoded Label field of a TimeSeries (field 1 of it: fields 1 and 2, the name and the value)."""
+    n, v = name.encode(), value.encode()
+    body = b"\x0a" + varint(len(n)) + n + b"\x12" + varint(len(v)) + v
+    return b"\x0a" + varint(len(body)) + body
 
 
 @functools.lru_cache(maxsize=1 << 15)
 def _labels(labels: Labels) -> bytes:
     """A series' encoded labels: the same series come in every scrape of a node (bounded cache)."""
-    return b"".join(_label(k, v) for k, v in labels)
+    return b"".join(label(k, v) for k, v in labels)
 
 
 def _sample(ts_ms: int, value: float) -> bytes:
-    body = b"\x09" + _DOUBLE.pack(value) + b"\x10" + _varint(ts_ms)  # field 1 fixed64, field 2 varint
+    body = b"\x09" + _DOUBLE.pack(value) + b"\x10" + varint(ts_ms)  # field 1 fixed64, field 2 varint
     return _field(2, body)
 
 
