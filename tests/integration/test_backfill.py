@@ -105,8 +105,8 @@ async def test_an_outage_leaves_no_hole(bed: Bed) -> None:
     stop = asyncio.Event()
     prom = asyncio.gather(bed.prometheus(stop, PAIR[0], 0.0), bed.prometheus(stop, PAIR[1], 0.45))
     try:
-        # The agents learn the cadence from the scrapes they relay (each some of them), and the gateway tells each
-        # its share of the pool's nodes.
+        # The agents learn the cadence from the scrapes they relay: the gateway sends a node's scrapes, both
+        # clients', through one of them (gateway/rendezvous.py).
         await asyncio.sleep(12 * INTERVAL)
         gateway = bed.cluster.gateway
         assert gateway is not None
