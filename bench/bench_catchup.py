@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -153,6 +154,7 @@ async def run(args: argparse.Namespace) -> None:
         await exporter.close()
         receiver.terminate()
         await receiver.wait()
+        shutil.rmtree(work, ignore_errors=True)
     took = ended - began
     before = [ms for at, ms, st in samples if at < began and st == 200 and at > samples[0][0] + 2]
     during = [ms for at, ms, st in samples if began + 2 < at < ended and st == 200]
