@@ -8,8 +8,8 @@ scrapes (the least over the clients: an HA pair scrapes the same interval). A ta
 scraped here. :class:`OutageScraper` scrapes on the same phase (the last relayed scrape plus whole intervals), with
 the agent's own checks (agent/checks.py: inventory address, allowed port) and its upstream pool, the page bounded
 as ``max_page``; pages go to the backlog (agent/backlog.py). A node that does not answer leaves a hole. Of a pool's
-agents, the one that relayed a target's latest scrape keeps scraping it (:meth:`Learner.owned`), so a node is
-scraped once (but for the rare case that method names).
+agents, the one that relayed a target's latest scrape keeps scraping it (:meth:`Learner.owned`); the gateway
+sends a node's scrapes through one agent of the pool (gateway/rendezvous.py), so a node is kept by one agent.
 """
 
 from __future__ import annotations
@@ -126,15 +126,25 @@ class Learner:
     def owned(self, t: Target) -> bool:
         """Whether this agent scrapes ``t`` in an outage: it relayed the target's latest scrape before the cut.
 
-        Of a pool's agents, the one that relayed a target's last scrape did so within one interval of the latest
-        scrape it relayed of anything (the cut came less than an interval after it); another agent relayed that
-        target's scrapes an interval or more before. So the agents split the targets without a word. The margin
-        (a quarter interval, at most 1 s: scrape durations differ) errs toward two agents keeping a target rather
-        than none: one scraped in that last moment before the cut, whose previous scrape the other agent relayed,
-        is kept by both (docs/backfill.md has the figure). An HA pair of Prometheus, two scrapes per interval, can
-        have a target kept by both agents too.
+        The gateway sends every request to a node through one agent of its pool, the same on every replica
+        (rendezvous hashing, gateway/rendezvous.py), while that agent is up: the agent that keeps a target is the
+        one that relayed its scrapes, and it relayed the latest within an interval of the latest scrape it relayed
+        of anything (the cut came less than an interval after it; the margin, a quarter interval and at most 1 s,
+        is for scrape durations). Another agent relayed it, if ever, when the pool's agents were not the same.
+
+        Where this agent was the target's only relayer (its latest gaps all one interval) and the scrapes moved
+        to another agent (one joined the pool, or came back), that one can scrape it only once it has learned the
+        interval, from its second scrape: this one keeps it for a second interval, so that the target is kept by
+        at least one agent through such a change. A gateway that spreads a node's scrapes over the agents (older
+        releases: the least busy) shows in the gaps (whole multiples of the interval), and the window stays one
+        interval there.
         """
-        return t.learned and t.last >= self.latest - t.interval - min(1.0, 0.25 * t.interval)
+        if not t.learned:
+            return False
+        window = t.interval + min(1.0, 0.25 * t.interval)
+        if len(t.gaps) >= GAPS and max(t.gaps) < 1.5 * t.interval:
+            window += t.interval
+        return t.last >= self.latest - window
 
 
 class OutageScraper:

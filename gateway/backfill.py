@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -35,6 +37,7 @@ from raven.protocol.stream import StreamReset
 log = logging.getLogger("raven.gateway.backfill")
 
 HEAD_TIMEOUT = 30.0
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -142,6 +145,12 @@ class Builder:
         return None
 
 
+def _timed(work: Callable[[], T]) -> tuple[T, float]:
+    """``work()`` and the CPU time this thread spent on it."""
+    start = time.thread_time()
+    return work(), time.thread_time() - start
+
+
 class BackfillPuller:
     """One task per agent session; the service starts it when the session starts and cancels it at its end."""
 
@@ -206,7 +215,12 @@ class BackfillPuller:
         self.on_received(sum(isinstance(e, bf.Scrape) for e in entries))
         async with self._slots:
             builder = Builder(entries, self.cfg, self.pool_of(s), int(time.time() * 1000), self._series)
-            while (req := await asyncio.to_thread(builder.next)) is not None:
+            while True:
+                req, cpu = await asyncio.to_thread(_timed, builder.next)
+                if req is None:
+                    break
+                if self.cfg.cpu_share < 1:  # the parsing's share of a core: live scrapes need the rest
+                    await asyncio.sleep(cpu * (1 / self.cfg.cpu_share - 1))
                 refused = await self.receivers.write(req.body, req.parts)
                 if refused:
                     self.on_dropped("refused", refused)
@@ -279,6 +293,9 @@ class Backfill:
         if self.off_reason:
             log.info("backfill is off: %s", self.off_reason)
             return
+        # The pages are parsed in a worker thread, in Python: while it runs, the event loop waits for the GIL at
+        # each turn, up to the switch interval (5 ms by default), and a live scrape takes several turns.
+        sys.setswitchinterval(self.cfg.switch_interval)
         problems = await self.receivers.probe()
         if len(problems) == len(self.cfg.receivers):
             not_enabled = all("404" in p for p in problems)

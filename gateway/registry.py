@@ -4,8 +4,9 @@ A session is keyed by (agent identity, session id); removing a session never rem
 newer one of the same agent. Each node belongs to one pool: the pool the gateway's configuration
 (``pools.<pool>.nodes``) or its Node object (Kubernetes) puts it in, else the first live claim's.
 A claim from an agent certified for another pool is refused with a reason.
-Selection is per node over the few sessions that claim it: healthy and not draining
-first, then the fewest streams in flight.
+Selection is per node over the few sessions that claim it: of the usable ones (not draining, not closed), the
+agent that rendezvous hashing gives the node (gateway/rendezvous.py), so that one agent of a pool relays, and in an
+outage keeps, a node's scrapes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gateway import rendezvous
 from gateway.nodeview import NodeView, RefusedClaim
 from raven.dns.names import NameRule
 from raven.lograte import RateLimitedLog
@@ -135,7 +137,6 @@ class Registry:
         # The gateway's configuration lists nodes of its pools (pools.<pool>.nodes): name -> pool. A node listed
         # there belongs to that pool, with or without Kubernetes: no agent of another pool may claim it.
         self.placed: Mapping[str, str] = {}
-        self._turn = 0
         # The views' copy of every node (see node_views): replaced, never changed, once handed out.
         self.version = 0
         self._views: dict[str, NodeView] = {}
@@ -460,25 +461,14 @@ class Registry:
         return Lookup(entry)
 
     def select(self, entry: NodeEntry, exclude: Iterable[AgentSession] = ()) -> AgentSession | None:
-        """Healthy, non-draining first; then the fewest streams in flight; ties rotate."""
-        excluded = set(exclude)
-        best: AgentSession | None = None
-        best_load = 0
-        sessions = entry.sessions
-        n = len(sessions)
-        self._turn += 1
-        for i in range(n):
-            s = sessions[(self._turn + i) % n]
-            if s in excluded or not s.usable:
-                continue
-            load = s.session.in_flight
-            if best is None or load < best_load:
-                best, best_load = s, load
-        return best
+        """The usable session of the agent that rendezvous hashing gives the node (gateway/rendezvous.py): the
+        same agent for every request to the node, on every replica, while it can take them; the next by weight
+        when it cannot or is excluded."""
+        return rendezvous.choose(entry.name, entry.sessions, exclude)
 
     @staticmethod
     def has_alternative(entry: NodeEntry, exclude: Iterable[AgentSession]) -> bool:
-        """Whether :meth:`select` would find another usable session (a look-ahead that leaves the rotation be)."""
+        """Whether :meth:`select` would find another usable session."""
         excluded = set(exclude)
         return any(s.usable and s not in excluded for s in entry.sessions)
 

@@ -87,10 +87,12 @@ def test_accept_without_protobuf() -> None:
     assert DEFAULT_ACCEPT.startswith("text/plain")
 
 
-def test_the_agent_that_relayed_a_targets_latest_scrape_keeps_it_in_an_outage() -> None:
-    """A pool of 40 nodes scraped every 15 s, spread over the interval, each scrape relayed by one of two agents;
-    the cut comes at a random moment. Each node is kept by one agent at least; a few by two (those whose last
-    scrape came in the last moments before the cut, docs/backfill.md)."""
+def test_behind_an_older_gateway_the_agent_that_relayed_a_targets_latest_scrape_keeps_it() -> None:
+    """An older gateway (0.2.0) sends each scrape through the least busy agent, as good as a coin: a pool of 40
+    nodes scraped every 15 s, spread over the interval, each scrape relayed by one of two agents; the cut comes at
+    a random moment. Each node is kept by one agent at least; a few by two (those whose last scrape came in the
+    last moments before the cut). A gateway of this release sends a node's scrapes through one agent
+    (tests/unit/test_keepers.py): one keeps it."""
     rng = random.Random(3)
     nodes = [f"edge-gpu-{i}" for i in range(40)]
     offsets = {n: rng.uniform(0, 15) for n in nodes}

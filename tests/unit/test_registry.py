@@ -74,21 +74,27 @@ def test_reregistration_replaces_the_node_set() -> None:
     assert reg.reachable_nodes() == [] and reg.reachable_count() == 0  # the count follows the change
 
 
-def test_select_prefers_usable_and_least_loaded() -> None:
+def test_select_is_the_nodes_rendezvous_agent_while_it_is_usable() -> None:
+    """Every request to a node goes through one agent (gateway/rendezvous.py: the same on every replica), however
+    busy; the next by weight when it drains or failed the request; a draining agent never."""
     reg = Registry()
-    busy = agent("a1", {"p"}, "1", load=5)
-    idle = agent("a2", {"p"}, "2", load=1)
-    draining = agent("a3", {"p"}, "3", load=0)
-    draining.session.usable = False  # type: ignore[misc]  # a FakeSession: the agent said DRAIN
-    for s in (busy, idle, draining):
+    sessions = [agent(f"a{i}", {"p"}, str(i), load=i) for i in range(3)]
+    sessions[2].session.usable = False  # type: ignore[misc]  # a FakeSession: the agent said DRAIN
+    for s in sessions:
         reg.add_session(s)
-        reg.register(s, [node("edge-1", "p")])
-    entry = reg.lookup("edge-1").entry
-    assert entry is not None
-    assert reg.select(entry) is idle
-    assert reg.select(entry, exclude=[idle]) is busy
-    assert reg.select(entry, exclude=[idle, busy]) is None
-    unknown = reg.lookup("edge-2")
+        reg.register(s, [node(f"edge-{k}", "p") for k in range(40)])
+    chosen = set()
+    for k in range(40):
+        entry = reg.lookup(f"edge-{k}").entry
+        assert entry is not None
+        first = reg.select(entry)
+        assert first is not None and first is not sessions[2] and all(reg.select(entry) is first for _ in range(5))
+        second = reg.select(entry, exclude=[first])
+        assert second is not None and second not in (first, sessions[2])
+        assert reg.select(entry, exclude=[first, second]) is None
+        chosen.add(first.agent)
+    assert chosen == {"a0", "a1"}  # the nodes are shared, not all on the idle one
+    unknown = reg.lookup("edge-x")
     assert unknown.entry is None and unknown.refusal is not None and unknown.refusal.reason is Reason.UNKNOWN_NODE
 
 
