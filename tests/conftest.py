@@ -38,3 +38,20 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
     finally:
         await cluster.close()
         await exporter.close()
+
+
+# Under pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`) each module runs whole on one worker, so its
+# module-scoped bed starts once; and the tests that hold fixed, machine-wide things run one at a time, on one
+# worker, as a single group: every netns testbed (fixed namespace names, addresses, TUN devices, the podman image
+# build under /tmp/raven-podman) and the demo and the README guide (fixed ports on 127.0.0.x). Without xdist
+# (`-n 0`, `-p no:xdist`) the marks change nothing.
+SERIAL_GROUP = "machine-wide"
+SERIAL_FILES = {"tests/integration/test_demo.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        serial = path.startswith("tests/e2e/") or path in SERIAL_FILES
+        item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if serial else path))
