@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -40,18 +41,11 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
         await exporter.close()
 
 
-# Under pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`) each module runs whole on one worker, so its
-# module-scoped bed starts once; and the tests that hold fixed, machine-wide things run one at a time, on one
-# worker, as a single group: every netns testbed (fixed namespace names, addresses, TUN devices, the podman image
-# build under /tmp/raven-podman) and the demo and the README guide (fixed ports on 127.0.0.x). Without xdist
-# (`-n 0`, `-p no:xdist`) the marks change nothing.
-SERIAL_GROUP = "machine-wide"
-SERIAL_FILES = {"tests/integration/test_demo.py"}
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (-p no:xdist) nothing to schedule
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (scripts/test.sh: -n 2), each module whole on one worker and the tests that hold
+    machine-wide things one at a time: tests/support/xdistgroups.py."""
+    from tests.support.xdistgroups import make_scheduler
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = config.rootpath
-    for item in items:
-        path = item.path.relative_to(root).as_posix()
-        serial = path.startswith("tests/e2e/") or path in SERIAL_FILES
-        item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if serial else path))
+    return make_scheduler(config, log)
