@@ -9,9 +9,13 @@ scripts/system-deps.sh
 scripts/validators.sh
 .venv/bin/ruff check raven gateway agent tests bench
 .venv/bin/mypy
+# Two pytest workers (pytest-xdist; RAVEN_TEST_WORKERS=N to change, 0 for none): the tests wait on real time
+# (outages, timeouts, scrape intervals) about half of theirs. tests/support/xdistgroups.py keeps each module on one
+# worker and runs the tests that hold machine-wide things (the netns testbeds, fixed ports) one at a time.
+workers=${RAVEN_TEST_WORKERS:-2}
 # A compiled install (RAVEN_COMPILE=1 scripts/setup.sh): the unit suite once more on the pure build
 # (RAVEN_BUILD=pure: the interpreted modules, same install); the whole suite below runs on the compiled build.
 if [ -f .venv/.compiled ]; then
-    RAVEN_BUILD=pure .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit
+    RAVEN_BUILD=pure .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" tests/unit
 fi
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+exec .venv/bin/python -m pytest -q --durations=25 -n "$workers" "$@"

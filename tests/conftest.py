@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -38,3 +39,13 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
     finally:
         await cluster.close()
         await exporter.close()
+
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (-p no:xdist) nothing to schedule
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (scripts/test.sh: -n 2), each module whole on one worker and the tests that hold
+    machine-wide things one at a time: tests/support/xdistgroups.py."""
+    from tests.support.xdistgroups import make_scheduler
+
+    return make_scheduler(config, log)
