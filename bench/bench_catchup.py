@@ -9,7 +9,7 @@ throughout. The receiver first answers 503 (the gateway holds the first request 
 scrapes' p50/p99/max before, during and after the catch-up, the ratios during/normal, and the catch-up's rate.
 
     .venv/bin/python -m bench.bench_catchup [--nodes 200] [--minutes 30] [--interval 15] [--rate 20] \\
-        [--agent-rate 2097152] [--batch-bytes 1048576] [--concurrency 2] [--samples-per-request 20000] \
+        [--agent-rate 2097152] [--batch-bytes 1048576] [--concurrency 2] [--samples-per-request 2000] \
         [--cpu-share 0.5] [--switch-interval 0.0005]
 
 This is a benchmark, not a test: numbers depend on the machine and what else runs on it.
@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--agent-rate", type=float, default=2 * 1024 * 1024, help="agent backfill.rate (bytes/s)")
     ap.add_argument("--batch-bytes", type=int, default=1024 * 1024, help="agent backfill.batch_bytes")
     ap.add_argument("--concurrency", type=int, default=2, help="gateway backfill.concurrency")
-    ap.add_argument("--samples-per-request", type=int, default=20000, help="gateway backfill.samples_per_request")
+    ap.add_argument("--samples-per-request", type=int, default=2000, help="gateway backfill.samples_per_request")
     ap.add_argument("--cpu-share", type=float, default=0.5, help="gateway backfill.cpu_share")
     ap.add_argument("--switch-interval", type=float, default=0.0005, help="gateway backfill.switch_interval")
     args: Any = ap.parse_args()

@@ -53,7 +53,7 @@ class GatewayBackfill(Model):
     timeout: Seconds = Field(30.0, description="deadline of one write to a receiver")
     retry_max: Seconds = Field(60.0, description="the longest wait between retries of a failed write")
     concurrency: int = Field(2, ge=1, le=64, description="batches being written at once, all sessions together")
-    samples_per_request: int = Field(20000, ge=100, le=1_000_000, description="samples in one remote-write request")
+    samples_per_request: int = Field(2000, ge=100, le=1_000_000, description="samples in one remote-write request")
     cpu_share: float = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the share of one core the catch-up's "
                              "parsing may take: after each request it builds it waits so that building takes at most "
                              "this share of the time (lower: live scrapes feel less of it; the catch-up takes longer)")
