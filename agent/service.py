@@ -29,6 +29,7 @@ from agent.layer3 import AgentLayer3
 from agent.targets import DialTarget
 from raven import pki, version
 from raven.config import AgentConfig
+from raven.config.agent import RESTART_ONLY as AGENT_RESTART_ONLY
 from raven.config.reload import Reloader, take_over
 from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
@@ -46,11 +47,6 @@ if TYPE_CHECKING:
     from raven.kube import KubeNode
 
 log = logging.getLogger("raven.agent")
-
-
-# Settings a running agent cannot take over: its identity, where it dials, its listeners and wire limits.
-AGENT_RESTART_ONLY = ("name", "pool", "gateway", "metrics_listen", "tls", "limits", "kubernetes",
-                      "config_watch_interval", "backfill")
 
 
 class Agent:

@@ -28,6 +28,7 @@ from gateway.status import NodeResult
 from gateway.tunnel import TunnelEndpoint
 from raven import logsafe, pki, version
 from raven.config import GatewayConfig
+from raven.config.gateway import RESTART_ONLY as GATEWAY_RESTART_ONLY
 from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import NAMES_ROOM
 from raven.dns.publisher import HostsPublisher, file_sink
@@ -46,15 +47,6 @@ if TYPE_CHECKING:
     from raven.kube import KubeNode, LeaseElector
 
 log = logging.getLogger("raven.gateway")
-
-
-# Settings a running gateway cannot take over: listeners, identity, the tunnel's wire limits, Kubernetes and
-# where the hosts file goes. A reload that changes them says so and keeps the old values until a restart.
-RESTART_ONLY = (
-    "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
-    "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
-    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval", "backfill",
-)
 
 
 class Gateway:
@@ -213,7 +205,7 @@ class Gateway:
 
         Raises ConfigError (nothing changed then) when a token file of the new configuration is unusable.
         """
-        taken = take_over(self.cfg, new, RESTART_ONLY, log)
+        taken = take_over(self.cfg, new, GATEWAY_RESTART_ONLY, log)
         if taken is None:
             return
         cfg, changed = taken

@@ -181,3 +181,8 @@ class AgentConfig(Model):
                 raise ValueError(f"nodes: {node.name!r} is listed twice")
             seen.add(node.name)
         return self
+
+
+# Settings a running agent cannot take over: its identity, where it dials, its listeners and wire limits.
+RESTART_ONLY = ("name", "pool", "gateway", "metrics_listen", "tls", "limits", "kubernetes",
+                "config_watch_interval", "backfill")

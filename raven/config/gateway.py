@@ -323,3 +323,12 @@ class GatewayConfig(Model):
                 "front.auth.mode: none to run it open"
             )
         return self
+
+
+# Settings a running gateway cannot take over: listeners, identity, the tunnel's wire limits, Kubernetes and
+# where the hosts file goes. A reload that changes them says so and keeps the old values until a restart.
+RESTART_ONLY = (
+    "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
+    "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
+    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval", "backfill",
+)
