@@ -35,19 +35,28 @@ Adder = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], object
 
 
 def plugins() -> dict[str, Adder]:
-    """The commands other packages plug in, by name (this distribution's own: SERVICE_COMMANDS)."""
-    return {ep.name: ep.load() for ep in metadata.entry_points(group=PLUGINS)}
+    """The commands other packages plug in, by name (this distribution's own: SERVICE_COMMANDS). One that does not
+    load is a command that says why when it is run; the other commands work (never a traceback for all)."""
+    found: dict[str, Adder] = {}
+    for ep in metadata.entry_points(group=PLUGINS):
+        try:
+            found[ep.name] = ep.load()
+        except Exception as exc:  # any import error of a plug-in: reported by its command alone
+            found[ep.name] = _not_installed(ep.name, f"its entry point {ep.value} does not load: "
+                                                     f"{type(exc).__name__}: {exc}")
+    return found
 
 
-def _not_installed(name: str) -> Adder:
+def _not_installed(name: str, why: str = "") -> Adder:
+    why = why or (f"its entry point ({PLUGINS}) is not installed; install the distribution (pip install ., or "
+                  "bash scripts/setup.sh)")
+
     def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        p = sub.add_parser(name, help=f"(not installed: the {name} command's entry point is missing)",
-                           add_help=False, prefix_chars="\0")
+        p = sub.add_parser(name, help=f"(not available: {why})"[:120], add_help=False, prefix_chars="\0")
         p.add_argument("rest", nargs=argparse.REMAINDER)
 
         def refuse(args: argparse.Namespace) -> int:
-            raise UsageError(f"this copy of Raven has no {name!r} command: its entry point ({PLUGINS}) is not "
-                             "installed; install the distribution (pip install ., or bash scripts/setup.sh)")
+            raise UsageError(f"this copy of Raven has no {name!r} command: {why}")
 
         p.set_defaults(func=refuse)
     return add

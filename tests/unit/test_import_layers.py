@@ -180,3 +180,21 @@ def test_a_missing_service_command_says_how_to_install_it(monkeypatch: pytest.Mo
     err = capsys.readouterr().err
     assert "raven gateway: error: this copy of Raven has no 'gateway' command" in err
     assert "scripts/setup.sh" in err and "Traceback" not in err
+
+
+def test_a_plug_in_that_does_not_load_fails_alone(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``raven.commands`` entry point whose module does not import (a broken install, a third party's plug-in)
+    leaves every other command working, and its own command says why in one line."""
+    from importlib import metadata
+
+    from raven.cli import commands
+
+    broken = metadata.EntryPoint("gateway", "gateway.no_such_module:add", commands.PLUGINS)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [broken])
+    assert commands.main(["certs", "show", "/nonexistent.pem"]) != 0  # parsed and run: its own error, not ours
+    capsys.readouterr()
+    assert commands.main(["gateway"]) == 2
+    err = capsys.readouterr().err
+    assert "no 'gateway' command: its entry point gateway.no_such_module:add does not load" in err
+    assert "ModuleNotFoundError" in err and "Traceback" not in err
