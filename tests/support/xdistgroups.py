@@ -6,11 +6,12 @@ outages, timeouts and scrape intervals, about half of theirs, so two workers on 
   tests run one at a time on one worker, and the groups are handed out first (the longest units):
   ``netns``: every e2e testbed that builds network namespaces (tests/support/testbed.py, linkbed.py,
   l3testbed.py, layer3.py: fixed namespace names, addresses, veth and TUN device names, iptables and nftables
-  rules in them, /run/raven); ``fixed-ports``: `raven demo` and the README guide (127.0.0.2:9400 both, the
+  rules in them, /run/raven; and the image test, whose podman build compiles the image's modules with mypyc on
+  both cores for minutes: beside the layer-3 testbeds' timed failovers and pings it failed them, so it runs in
+  their chain, not beside it); ``fixed-ports``: `raven demo` and the README guide (127.0.0.2:9400 both, the
   guide 127.0.0.1:9090 and 10262-10266 too).
 - Everything else picks free ports (raven.demo.launch.free_port) on loopback and works in its own tmp_path;
-  so do the e2e modules in LOOPBACK_E2E (the image test's podman builds with --network none and runs its
-  containers on free ports; its /tmp/raven-podman and image tag are its own). The previous release's venv is
+  so do the e2e modules in LOOPBACK_E2E. The previous release's venv is
   built under a file lock (tests/support/release.py).
 
 xdist's own ``--dist loadgroup`` would do this with marks, but its marks change ``item._nodeid``, which pytest 9.2
@@ -32,7 +33,7 @@ GROUPS = (NETNS, FIXED_PORTS)  # handed out in this order, before any module
 FIXED_PORT_FILES = ("tests/e2e/test_guide.py", "tests/integration/test_demo.py")
 # e2e modules on loopback only (free ports, own work dirs): modules like any other. A new e2e module is in
 # the netns group until it is listed here.
-LOOPBACK_E2E = ("tests/e2e/test_dashboards.py", "tests/e2e/test_dns_discovery.py", "tests/e2e/test_image.py")
+LOOPBACK_E2E = ("tests/e2e/test_dashboards.py", "tests/e2e/test_dns_discovery.py")
 
 
 def unit_of(nodeid: str) -> str:
