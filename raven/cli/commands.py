@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -23,8 +22,6 @@ from raven.cli import check as check_cmd
 from raven.cli.runtime import run_async, setup_logging
 from raven.errors import CommandFailed, ConfigError, RavenError, UsageError
 from raven.layer3 import noderoutes
-
-log = logging.getLogger("raven")
 
 PLUGINS = "raven.commands"  # entry-point group: name = the command, value = add(subparsers)
 # The help lists the commands in this order; a plugin not named here comes last.
