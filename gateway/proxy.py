@@ -26,6 +26,7 @@ from prometheus_client import Counter, Histogram
 
 from gateway.admission import Admission, Exchange
 from gateway.auth import FrontAuth
+from gateway.avoidance import PATH_FAULTS
 from gateway.pools import Pools
 from gateway.registry import AgentSession, Registry
 from gateway.request import check_header_block, client_key, content_length, header_safe
@@ -245,6 +246,7 @@ class Proxy:
                         async with asyncio.timeout(self.cfg.body_timeout):
                             await self._send_body(request, stream, progress)
                     head = await stream.head()
+                self.registry.avoidance.succeeded(target.node, chosen.agent)
                 return stream, head
             except TimeoutError:
                 if progress.waiting_for_client:
@@ -252,6 +254,7 @@ class Proxy:
                     raise Refusal(Reason.BODY_TIMEOUT, f"the client sent {progress.sent} bytes of its request body for "
                                   f"node {target.node!r} and did not finish it in time") from None
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
+                self._avoid(target.node, entry.pool, chosen.agent, "no response head in time")
                 raise Refusal(
                     Reason.TIMEOUT,
                     f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no response head "
@@ -259,6 +262,8 @@ class Proxy:
                 ) from None
             except StreamReset as exc:
                 stream.close()
+                if exc.code in PATH_FAULTS:
+                    self._avoid(target.node, entry.pool, chosen.agent, exc.reason)
                 last = Refusal(
                     reset_reason(exc.code),
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
@@ -276,6 +281,11 @@ class Proxy:
                 ex.sent += progress.sent  # every attempt's request body bytes, whatever became of it
         assert last is not None
         raise last
+
+    def _avoid(self, node: str, pool: str, agent: str, why: str) -> None:
+        hold = self.registry.avoidance.failed(node, agent)
+        self._log.warning(agent, "avoid", "node %s (pool %r) failed through agent %s (%s): its requests go to another "
+                          "agent of the pool for %.0fs where one can take them", node, pool, agent, why, hold)
 
     async def _send_body(self, request: web.BaseRequest, stream: Stream, progress: _BodyProgress) -> None:
         if request.headers.get("Expect", "").lower() == "100-continue" and request.writer is not None:

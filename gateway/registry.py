@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gateway import rendezvous
+from gateway.avoidance import Avoidance
 from gateway.nodeview import NodeView, RefusedClaim
 from raven.dns.names import NameRule
 from raven.lograte import RateLimitedLog
@@ -120,6 +121,7 @@ class Registry:
         self._log = RateLimitedLog(log)  # lines an agent's registrations cause: per agent identity and kind
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self.nodes: dict[str, NodeEntry] = {}
+        self.avoidance = Avoidance()  # (node, agent) paths that failed lately (gateway/avoidance.py)
         self.pool_nodes: dict[str, set[str]] = {}  # pool -> node names, for per-pool work without a scan
         self.on_change = on_change
         self.rebind_after = rebind_after
@@ -463,7 +465,12 @@ class Registry:
     def select(self, entry: NodeEntry, exclude: Iterable[AgentSession] = ()) -> AgentSession | None:
         """The usable session of the agent that rendezvous hashing gives the node (gateway/rendezvous.py): the
         same agent for every request to the node, on every replica, while it can take them; the next by weight
-        when it cannot or is excluded."""
+        when it cannot or is excluded, or has failed the node lately (gateway/avoidance.py) and another can."""
+        if avoid := self.avoidance.avoided(entry.name):
+            exclude = list(exclude)
+            avoided = [s for s in entry.sessions if s.agent in avoid]
+            if (chosen := rendezvous.choose(entry.name, entry.sessions, exclude + avoided)) is not None:
+                return chosen
         return rendezvous.choose(entry.name, entry.sessions, exclude)
 
     @staticmethod

@@ -6,10 +6,10 @@ and the node's name: nothing a replica holds alone).
 That agent is the one that relayed the node's scrapes before an outage, and therefore the one that keeps scraping
 it (agent/outage.py, :meth:`agent.outage.Learner.owned`): a node is kept by one agent of its pool, not by two
 (docs/backfill.md). An HA pair of Prometheus, each through either replica, reaches the node through that agent too.
-When it cannot take the request (draining, closed, out of stream ids, or excluded after a failed attempt) the next
-agent by weight does, so the node's requests move only when its agent goes (about 1/n of a pool's nodes move when
-an agent joins or leaves). Of two sessions of one agent (a reconnect, briefly), the one with fewer streams in
-flight.
+When it cannot take the request (draining, closed, out of stream ids, excluded after a failed attempt, or set back
+for the node after failing it: gateway/avoidance.py) the next agent by weight does, so the node's requests move
+only when its agent goes (about 1/n of a pool's nodes move when an agent joins or leaves). Of two sessions of one
+agent (a reconnect, briefly), the one with fewer streams in flight.
 """
 
 from __future__ import annotations
