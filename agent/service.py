@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import email.utils
 import logging
-import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +36,7 @@ from raven.ops.fdlimit import AGENT_FD_OVERHEAD, check_descriptors
 from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import wire
+from raven.stopsignals import StopSignals
 from raven.transport.connect import connect
 from raven.transport.stream import Stream
 from raven.transport.tls import CertReloader, expiries
@@ -321,38 +321,21 @@ class Agent:
         for s in list(self.sessions):
             await s.close("agent stopped", wire.ResetCode.DRAINING)
 
-    async def run(self) -> int:
+    async def _until_stopped(self, signals: StopSignals, stopping: Callable[[], asyncio.Task[None] | None]) -> None:
+        """From the start of the dialler to its end (and the drain's, when a signal stopped it)."""
         loop = asyncio.get_running_loop()
-        gcpause.install()
-        gcpause.settle_soon()
-        if self.layer3 is not None:
-            await self.layer3.start()
-        try:
-            ops = await start_ops_server(self.cfg.metrics_listen, self.metrics.registry, self.ready)
-        except BaseException:
-            if self.layer3 is not None:
-                await self.layer3.close()
-            raise
         self.reloader.start()
         if self.config_reloader is not None:
             self.config_reloader.start()
-        stop_task: asyncio.Task[None] | None = None
-
-        def on_signal() -> None:
-            nonlocal stop_task
-            if stop_task is None:
-                stop_task = loop.create_task(self.drain_and_stop())
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
         host = urlsplit(self.cfg.gateway.url).hostname
         log.info("agent %s (pool %s, %s) starting: gateway %s, %d node(s), ports %s", self.name, self.pool,
                  version.describe(), host, len(self._nodes), ",".join(map(str, self.cfg.allowed_ports)))
         kube_task = loop.create_task(self.watch_kubernetes()) if self.cfg.kubernetes.enabled else None
         backfill_task = loop.create_task(self.backfill.run()) if self.backfill is not None else None
+        signals.started()
         try:
             await self.dialler.run()
-            if stop_task is not None:
+            if (stop_task := stopping()) is not None:
                 await stop_task
         finally:
             for task in (kube_task, backfill_task):
@@ -360,15 +343,36 @@ class Agent:
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.forwarder.close()
-            await self.reloader.stop()
-            if self.config_reloader is not None:
-                await self.config_reloader.stop()
-            await ops.cleanup()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        stop_task: asyncio.Task[None] | None = None
+
+        def on_stop() -> None:
+            nonlocal stop_task
+            stop_task = loop.create_task(self.drain_and_stop())
+
+        with StopSignals(on_stop) as signals:
+            gcpause.install()
+            gcpause.settle_soon()
             if self.layer3 is not None:
-                await self.layer3.close()
-            gcpause.stop_settling()
+                await self.layer3.start()
+            try:
+                ops = await start_ops_server(self.cfg.metrics_listen, self.metrics.registry, self.ready)
+            except BaseException:
+                if self.layer3 is not None:
+                    await self.layer3.close()
+                raise
+            try:
+                await self._until_stopped(signals, lambda: stop_task)
+            finally:
+                await self.forwarder.close()
+                await self.reloader.stop()
+                if self.config_reloader is not None:
+                    await self.config_reloader.stop()
+                await ops.cleanup()
+                if self.layer3 is not None:
+                    await self.layer3.close()
+                gcpause.stop_settling()
         log.info("agent %s stopped", self.name)
         return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
 from raven.ops.server import start_ops_server
 from raven.protocol import wire
+from raven.stopsignals import StopSignals
 from raven.transport.tls import CertReloader, expiries
 
 if TYPE_CHECKING:
@@ -474,26 +474,19 @@ class Gateway:
         gcpause.stop_settling()
 
     async def run(self) -> int:
-        try:
-            await self.start()
-        except BaseException:
-            if self.layer3 is not None:  # the device, its routes and the sysctls go even when start fails
-                await self.layer3.close()
-            raise
         loop = asyncio.get_running_loop()
         drain_task: list[asyncio.Task[None]] = []
-
-        def on_signal() -> None:
-            if not drain_task:
-                drain_task.append(loop.create_task(self.drain()))
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        try:
-            await self._stopped.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+        with StopSignals(lambda: drain_task.append(loop.create_task(self.drain()))) as signals:
+            try:
+                await self.start()
+            except BaseException:
+                if self.layer3 is not None:  # the device, its routes and the sysctls go even when start fails
+                    await self.layer3.close()
+                raise
+            signals.started()
+            try:
+                await self._stopped.wait()
+            finally:
+                await self.stop()
         log.info("gateway %s stopped", self.cfg.replica_id)
         return 0
