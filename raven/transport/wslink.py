@@ -244,7 +244,7 @@ class WsLink:
             async with asyncio.timeout(self.drain_timeout):
                 await self.protocol._drain_helper()
         except TimeoutError:
-            reason = f"peer not reading: a write waited {self.drain_timeout:.0f}s"
+            reason = f"peer not reading: a write waited {self.drain_timeout:.1f}s"
             self._end(reason)
             self.transport.abort()
             raise TransportError(reason) from None
