@@ -275,27 +275,37 @@ class FrameEncoder:
 
     def frame(self, opcode: int, payload: bytes | bytearray | memoryview, fin: bool = True) -> bytes:
         """One frame, header and payload, as one ``bytes``."""
+        parts: list[bytes | bytearray | memoryview] = []
+        self._add(parts, opcode, payload, fin)
+        return b"".join(parts)
+
+    def _add(self, parts: list[bytes | bytearray | memoryview], opcode: int, payload: bytes | bytearray | memoryview,
+             fin: bool = True) -> None:
+        """A frame's pieces (header, key, payload) appended to ``parts``: joined once, with the others'."""
         n = len(payload)
         b0 = opcode | 0x80 if fin else opcode
         mask_bit = 0x80 if self._client else 0
         if n < 126:
-            head = _HEAD2.pack(b0, n | mask_bit)
+            parts.append(_HEAD2.pack(b0, n | mask_bit))
         elif n < 65536:
-            head = _HEAD4.pack(b0, 126 | mask_bit, n)
+            parts.append(_HEAD4.pack(b0, 126 | mask_bit, n))
         else:
-            head = _HEAD10.pack(b0, 127 | mask_bit, n)
+            parts.append(_HEAD10.pack(b0, 127 | mask_bit, n))
         if not self._client:
-            return head + payload
+            parts.append(payload)
+            return
         key = self._keys(4)
         body = bytearray(payload)
         self._masker(key, body)
-        return b"".join((head, key, body))
+        parts.append(key)
+        parts.append(body)
 
     def binary(self, messages: list[bytes]) -> bytes:
-        """Each message as one binary frame, all of them in one ``bytes`` (one write, one TLS record's worth)."""
-        if len(messages) == 1:
-            return self.frame(OP_BINARY, messages[0])
-        return b"".join([self.frame(OP_BINARY, m) for m in messages])
+        """Each message as one binary frame, all of them in one ``bytes`` (one write, one copy of each)."""
+        parts: list[bytes | bytearray | memoryview] = []
+        for message in messages:
+            self._add(parts, OP_BINARY, message)
+        return b"".join(parts)
 
     def ping(self, payload: bytes = b"") -> bytes:
         return self.frame(OP_PING, payload[:MAX_CONTROL_PAYLOAD])
