@@ -1,9 +1,9 @@
 """Benchmark: CPU per scrape through two tunnel sessions over a real WebSocket, aiohttp's framing against the
 core's (issue 31 item 3), interleaved in one process.
 
-One aiohttp server and one aiohttp client on loopback TCP (no TLS: its cost is the same either way) do the
-Upgrade; then the gateway's and the agent's sessions (raven/transport/tunnel.py, the real handshake of
-raven/transport/connect.py) run over either
+One aiohttp server and one aiohttp client on loopback TCP (no TLS: its cost is the same either way), on uvloop
+as the services run where it is installed, do the Upgrade; then the gateway's and the agent's sessions
+(raven/transport/tunnel.py, the real handshake of raven/transport/connect.py) run over either
 
 - ``aiohttp``: aiohttp's WebSocket reader and writer (raven/transport/websocket.py: one ``send_bytes`` per
   message, one ``receive`` per message), as the services did before, or
@@ -206,7 +206,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 1], help="workers (default 32 1)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each running both modes (default 3)")
     args = p.parse_args()
-    asyncio.run(main_async(args.size, args.requests, args.concurrency, args.rounds))
+    try:
+        import uvloop  # the services' loop (raven/cli/runtime.py)
+    except ImportError:
+        asyncio.run(main_async(args.size, args.requests, args.concurrency, args.rounds))
+    else:
+        uvloop.run(main_async(args.size, args.requests, args.concurrency, args.rounds))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ reader on the connection (``protocol.set_parser``):
   nothing before the agent's HELLO; a frame one sent along with its 101 went to aiohttp's reader, and the
   handshake then fails on its deadline. Closing the aiohttp response afterwards releases its connection.
 
+What of aiohttp's is not public, all of it checked by tests/integration/test_wslink.py and every tunnel test:
+``WebSocketResponse._post_start`` (its ``_ws_protocol``, ``_writer``, ``_set_closed``), the server protocol's
+``set_parser``, ``ClientWebSocketResponse._response``, the client protocol's ``set_parser`` and the protocols'
+``_drain_helper`` (the wait for ``resume_writing``, as aiohttp's own writer waits).
+
 Masking uses aiohttp's compiled XOR (``websocket_mask``; ~5 µs for 50 KiB against ~130 µs in pure Python).
 """
 

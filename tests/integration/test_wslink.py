@@ -73,7 +73,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 def transport_of(ws: aiohttp.ClientWebSocketResponse) -> asyncio.Transport:
     conn = ws._response.connection
     assert conn is not None and conn.transport is not None
-    return conn.transport  # type: ignore[return-value]
+    return conn.transport
 
 
 async def test_messages_both_ways_between_two_links_and_a_clean_close(server: Server,
