@@ -273,45 +273,44 @@ class FrameEncoder:
         self._masker = masker
         self._keys = keys  # called with 4: the masking key's bytes (unpredictable, RFC 6455 section 10.3)
 
-    def frame(self, opcode: int, payload: bytes | bytearray | memoryview, fin: bool = True) -> bytes:
-        """One frame, header and payload, as one ``bytes``."""
-        parts: list[bytes | bytearray | memoryview] = []
-        self._add(parts, opcode, payload, fin)
-        return b"".join(parts)
-
-    def _add(self, parts: list[bytes | bytearray | memoryview], opcode: int, payload: bytes | bytearray | memoryview,
-             fin: bool = True) -> None:
-        """A frame's pieces (header, key, payload) appended to ``parts``: joined once, with the others'."""
+    def frame(self, opcode: int, payload: bytes | bytearray | memoryview, fin: bool = True) -> bytes | bytearray:
+        """One frame, header and payload, in one buffer: the payload is copied once (and masked in place)."""
         n = len(payload)
         b0 = opcode | 0x80 if fin else opcode
         mask_bit = 0x80 if self._client else 0
         if n < 126:
-            parts.append(_HEAD2.pack(b0, n | mask_bit))
+            head = _HEAD2.pack(b0, n | mask_bit)
         elif n < 65536:
-            parts.append(_HEAD4.pack(b0, 126 | mask_bit, n))
+            head = _HEAD4.pack(b0, 126 | mask_bit, n)
         else:
-            parts.append(_HEAD10.pack(b0, 127 | mask_bit, n))
+            head = _HEAD10.pack(b0, 127 | mask_bit, n)
         if not self._client:
-            parts.append(payload)
-            return
+            return head + payload
         key = self._keys(4)
-        body = bytearray(payload)
-        self._masker(key, body)
-        parts.append(key)
-        parts.append(body)
+        prefix = head + key
+        out = bytearray(prefix)
+        out += payload
+        # Mask the whole buffer with the key turned so that it lines up with the payload, then put the header and
+        # the key back: one pass over the payload, no second copy.
+        shift = len(prefix) & 3
+        self._masker(key[-shift:] + key[:-shift] if shift else key, out)
+        out[:len(prefix)] = prefix
+        return out
+
+    def frames(self, messages: list[bytes]) -> list[bytes | bytearray]:
+        """Each message as one binary frame, each in its own buffer (one ``transport.write`` each: uvloop sends
+        the writes of one turn of the loop together; joining them first would copy every payload again)."""
+        return [self.frame(OP_BINARY, m) for m in messages]
 
     def binary(self, messages: list[bytes]) -> bytes:
-        """Each message as one binary frame, all of them in one ``bytes`` (one write, one copy of each)."""
-        parts: list[bytes | bytearray | memoryview] = []
-        for message in messages:
-            self._add(parts, OP_BINARY, message)
-        return b"".join(parts)
+        """Each message as one binary frame, all in one ``bytes``."""
+        return b"".join(self.frames(messages))
 
-    def ping(self, payload: bytes = b"") -> bytes:
+    def ping(self, payload: bytes = b"") -> bytes | bytearray:
         return self.frame(OP_PING, payload[:MAX_CONTROL_PAYLOAD])
 
-    def pong(self, payload: bytes) -> bytes:
+    def pong(self, payload: bytes) -> bytes | bytearray:
         return self.frame(OP_PONG, payload[:MAX_CONTROL_PAYLOAD])
 
-    def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> bytes:
+    def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> bytes | bytearray:
         return self.frame(OP_CLOSE, close_payload(code, reason))

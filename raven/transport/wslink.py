@@ -223,7 +223,7 @@ class WsLink:
 
     # ------------------------------------------------------------ sending (the session's sink)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | bytearray) -> None:
         if not self.transport.is_closing():
             self.transport.write(data)
 
@@ -231,11 +231,14 @@ class WsLink:
         await self.send_many([message])
 
     async def send_many(self, messages: list[bytes]) -> None:
-        """Every message as one binary frame, in one write; then wait (at most ``drain_timeout``) while the
-        transport holds more than its high-water mark."""
+        """Every message as one binary frame, written together in this turn of the loop (uvloop sends them with
+        one system call); then wait (at most ``drain_timeout``) while the transport holds more than its
+        high-water mark."""
         if self._sent_close or self.transport.is_closing():
             raise TransportError(f"websocket closed: {self._ended.result() if self._ended.done() else 'closing'}")
-        self.transport.write(self._encoder.binary(messages))
+        write = self.transport.write
+        for frame in self._encoder.frames(messages):
+            write(frame)
         if self.protocol.writing_paused:
             await self._drain()
 
