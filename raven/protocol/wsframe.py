@@ -129,13 +129,17 @@ class FrameDecoder:
     an error, everything more is ignored.
     """
 
-    __slots__ = ("_buf", "_client", "_done", "_masker", "_max", "_parts", "_size")
+    __slots__ = ("_client", "_done", "_held", "_masker", "_max", "_need", "_parts", "_pending", "_size")
 
     def __init__(self, *, client: bool, max_message: int, masker: Masker = mask_python) -> None:
         self._client = client
         self._max = max_message
         self._masker = masker
-        self._buf = bytearray()  # an incomplete frame
+        # An incomplete frame: the received pieces as they came (joined once, when enough is there: no buffer
+        # grown and shrunk read after read), their bytes, and how many the frame needs before it is looked at again.
+        self._held: list[bytes | memoryview] = []
+        self._pending = 0
+        self._need = 0
         self._parts: list[bytes | bytearray] = []  # a fragmented message so far
         self._size = 0  # its bytes
         self._done = False
@@ -143,15 +147,20 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held: an incomplete frame and a fragmented message's parts."""
-        return len(self._buf) + self._size
+        return self._pending + self._size
 
     def receive(self, data: bytes | bytearray) -> list[WsEvent]:
         """The events in ``data`` and what came before it. Raises :class:`WebSocketError` only."""
         if self._done:
             return []
-        if self._buf:
-            self._buf += data
-            source: bytes | bytearray = self._buf
+        if self._held:
+            self._held.append(bytes(data) if isinstance(data, bytearray) else data)
+            self._pending += len(data)
+            if self._pending < self._need:
+                return []
+            source: bytes | bytearray = b"".join(self._held)
+            self._held = []
+            self._pending = 0
         else:
             source = data
         events: list[WsEvent] = []
@@ -159,16 +168,15 @@ class FrameDecoder:
             used = self._frames(source, events)
         except WebSocketError:
             self._done = True
-            self._buf = bytearray()
+            self._held = []
+            self._pending = 0
             self._parts = []
             self._size = 0
             raise
-        if self._done:
-            self._buf = bytearray()
-        elif source is self._buf:
-            del self._buf[:used]
-        elif used < len(source):
-            self._buf = bytearray(memoryview(source)[used:])
+        if not self._done and used < len(source):
+            rest = memoryview(source)[used:] if isinstance(source, bytes) else bytes(memoryview(source)[used:])
+            self._held = [rest]
+            self._pending = len(rest)
         return events
 
     def _frames(self, buf: bytes | bytearray, events: list[WsEvent]) -> int:
@@ -177,6 +185,7 @@ class FrameDecoder:
         end = len(buf)
         view = memoryview(buf)
         try:
+            self._need = 2
             while end - pos >= 2 and not self._done:
                 b0 = buf[pos]
                 b1 = buf[pos + 1]
@@ -186,11 +195,13 @@ class FrameDecoder:
                 head = pos + 2
                 if length == 126:
                     if end - head < 2:
+                        self._need = 4
                         break
                     length = _U16.unpack_from(buf, head)[0]
                     head += 2
                 elif length == 127:
                     if end - head < 8:
+                        self._need = 10
                         break
                     length = _U64.unpack_from(buf, head)[0]
                     head += 8
@@ -200,9 +211,10 @@ class FrameDecoder:
                 masked = b1 & 0x80
                 if masked:
                     head += 4
-                if end - head < length:
-                    break
                 stop = head + length
+                if end < stop:
+                    self._need = stop - pos
+                    break
                 payload: bytes | bytearray
                 if masked:
                     unmasked = bytearray(view[head:stop])
@@ -211,6 +223,7 @@ class FrameDecoder:
                 else:
                     payload = bytes(view[head:stop])
                 pos = stop
+                self._need = 2
                 if opcode >= OP_CLOSE:
                     self._control(opcode, bytes(payload), events)
                 elif b0 & 0x80:  # FIN
@@ -297,14 +310,10 @@ class FrameEncoder:
         out[:len(prefix)] = prefix
         return out
 
-    def frames(self, messages: list[bytes]) -> list[bytes | bytearray]:
-        """Each message as one binary frame, each in its own buffer (one ``transport.write`` each: uvloop sends
-        the writes of one turn of the loop together; joining them first would copy every payload again)."""
-        return [self.frame(OP_BINARY, m) for m in messages]
-
     def binary(self, messages: list[bytes]) -> bytes:
-        """Each message as one binary frame, all in one ``bytes``."""
-        return b"".join(self.frames(messages))
+        """Each message as one binary frame, all in one ``bytes`` (the transport writes each frame as it is made
+        instead: raven/transport/wslink.py)."""
+        return b"".join([self.frame(OP_BINARY, m) for m in messages])
 
     def ping(self, payload: bytes = b"") -> bytes | bytearray:
         return self.frame(OP_PING, payload[:MAX_CONTROL_PAYLOAD])

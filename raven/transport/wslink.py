@@ -3,8 +3,8 @@ connection's own bytes, in place of aiohttp's WebSocket reader and writer (raven
 connection over; aiohttp still does the Upgrade itself on both sides).
 
 What it saves per message, against aiohttp's reader and writer: no message object, no queue and no task woken per
-message (received messages go straight to the session's ``feed`` from ``data_received``), and one
-``transport.write`` for all the messages a writer's wake-up sends (``send_many``).
+message (received messages go straight to the session's ``feed`` from ``data_received``), and the frames of
+all the messages a writer's wake-up sends written in that one turn of the loop (``send_many``).
 
 :class:`WsLink` is three things for one connection: the parser aiohttp's protocol feeds (``feed_data``,
 ``feed_eof``), the session's sink (``send``, ``send_many``, ``close``) and, until the session is served, a source
@@ -231,14 +231,16 @@ class WsLink:
         await self.send_many([message])
 
     async def send_many(self, messages: list[bytes]) -> None:
-        """Every message as one binary frame, written together in this turn of the loop (uvloop sends them with
-        one system call); then wait (at most ``drain_timeout``) while the transport holds more than its
+        """Every message as one binary frame, each written as soon as it is made (uvloop sends one turn's writes
+        with one system call; joining them, or making them all first, held every frame's buffer at once and
+        measured dearer), then wait (at most ``drain_timeout``) while the transport holds more than its
         high-water mark."""
         if self._sent_close or self.transport.is_closing():
             raise TransportError(f"websocket closed: {self._ended.result() if self._ended.done() else 'closing'}")
         write = self.transport.write
-        for frame in self._encoder.frames(messages):
-            write(frame)
+        frame = self._encoder.frame
+        for message in messages:
+            write(frame(wsframe.OP_BINARY, message))  # one frame's buffer alive at a time
         if self.protocol.writing_paused:
             await self._drain()
 
