@@ -60,7 +60,7 @@ class MessageSink(Protocol):
 
     async def send(self, message: bytes) -> None: ...
 
-    async def send_many(self, messages: list[bytes]) -> None: ...  # as one write where the transport can
+    async def send_many(self, messages: list[bytes]) -> None: ...  # all of them in this turn of the loop
 
     async def close(self) -> None: ...
 
@@ -453,7 +453,7 @@ class Tunnel:
                     size += len(message)
                 self._in_transit += size
                 self._send_since = self.loop.time()
-                await self.sink.send_many(messages)  # one wake-up of the writer, one write
+                await self.sink.send_many(messages)  # one wake-up of the writer, one await
                 self._send_since = None
                 self._in_transit -= size
                 if self._room_waiters:
