@@ -37,11 +37,12 @@ from raven.ops.metrics import AgentMetrics, set_cert_expiry
 from raven.ops.server import OPS_LIMITS, start_ops_server
 from raven.protocol import wire
 from raven.stopsignals import StopSignals
+from raven.transport import wsupgrade
 from raven.transport.connect import connect
 from raven.transport.stream import Stream
 from raven.transport.tls import CertReloader, expiries
 from raven.transport.tunnel import Tunnel
-from raven.transport.websocket import messages
+from raven.transport.wslink import WsLink
 
 if TYPE_CHECKING:
     from raven.kube import KubeNode
@@ -227,17 +228,18 @@ class Agent:
                 target.url,
                 ssl=self.reloader.current,
                 server_hostname=target.server_hostname,
-                max_msg_size=lim.max_frame + 1,  # aiohttp's limit is exclusive; the wire decoder's is not
                 compress=0,
-                autoping=True,
-                autoclose=True,
                 # This machine's clock, which the gateway compares with its own (raven check: clock skew).
                 headers={"Date": email.utils.formatdate(usegmt=True)},
             )
         hello = wire.Hello(self.name, session_id, wire.SUPPORTED_VERSIONS, lim.window, lim.max_streams_per_session,
                            release=version.RELEASE)
+        link: WsLink | None = None
         try:
-            session, welcome = await connect(ws, hello, limits=self.limits, timeout=lim.handshake_timeout)
+            # From the 101 on, the connection's bytes are the link's (raven/transport/wslink.py), not aiohttp's.
+            link = wsupgrade.take_over(ws, max_message=lim.max_frame)
+            session, welcome = await connect(link, hello, limits=self.limits, timeout=lim.handshake_timeout)
+            link.drain_timeout = (Tunnel.WRITE_STALL_TIMEOUTS + 1) * session.core.heartbeat_timeout
             if self.draining:
                 raise Stopping("agent is stopping: not starting a new session")
             if welcome.replica in self.replica_sessions:
@@ -248,9 +250,11 @@ class Agent:
             self.metrics.connects.labels("ok").inc()
             self.dialler.replicas_reported(welcome.replicas)
             with self.dialler.live(key):
-                await self._serve(ws, session, hello, welcome)
+                await self._serve(link, session, hello, welcome)
             return True
         finally:
+            if link is not None:
+                await link.close()  # the close handshake; then aiohttp's close only releases the connection
             await ws.close()
 
     @staticmethod
@@ -269,7 +273,7 @@ class Agent:
             return
         self.forwarder.on_open(stream)
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, session: Tunnel, hello: wire.Hello,
+    async def _serve(self, link: WsLink, session: Tunnel, hello: wire.Hello,
                      welcome: wire.Welcome) -> None:
         session.on_open = self._on_open
         self.control.attach(session, welcome.replica)
@@ -289,7 +293,7 @@ class Agent:
             welcome.version, hello.session[:8], len(self._nodes), self.pool,
         )
         try:
-            await session.run(messages(ws))
+            await link.serve(session)
         finally:
             if self.layer3 is not None:
                 self.layer3.detach(session)

@@ -40,10 +40,10 @@ from raven.config import TLSConfig
 from raven.demo.launch import LocalCluster, Proc
 from raven.protocol import wire
 from raven.protocol.errors import RemoteProtocolError
+from raven.transport import wsupgrade
 from raven.transport.connect import connect
 from raven.transport.tls import client_context
 from raven.transport.tunnel import Stream
-from raven.transport.websocket import messages
 
 
 def agent_name(i: int) -> str:
@@ -75,7 +75,8 @@ async def sim_agent(i: int, url: str, certs: Path, per_agent: int, stop: asyncio
                     ws = await http.ws_connect(url, ssl=ctx, server_hostname="raven-gateway", compress=0)
                 try:
                     hello = wire.Hello(agent_name(i), uuid.uuid4().hex, window=256 * 1024, max_streams=64)
-                    session, _ = await connect(ws, hello, limits=wire.DEFAULT_LIMITS, timeout=30)
+                    link = wsupgrade.take_over(ws, max_message=wire.DEFAULT_LIMITS.max_frame)
+                    session, _ = await connect(link, hello, limits=wire.DEFAULT_LIMITS, timeout=30)
                     attempt = 0
 
                     def on_open(stream: Stream) -> None:
@@ -85,7 +86,7 @@ async def sim_agent(i: int, url: str, certs: Path, per_agent: int, stop: asyncio
                     session.name = agent_name(i)
                     session.on_open = on_open
                     session.send_control(wire.Register(nodes_of(i, per_agent)))
-                    await session.run(messages(ws))
+                    await link.serve(session)
                 finally:
                     await ws.close()
             except (aiohttp.ClientError, OSError, TimeoutError, RemoteProtocolError, ssl.SSLError,

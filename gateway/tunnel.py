@@ -29,8 +29,9 @@ from raven.protocol.control import ControlDispatcher
 from raven.protocol.errors import RemoteProtocolError
 from raven.refusals import HandshakeRefused, Reason, Refusal, handshake_reason
 from raven.transport.connect import accept
-from raven.transport.tunnel import Stream
-from raven.transport.websocket import messages
+from raven.transport.tunnel import Stream, Tunnel
+from raven.transport.wslink import WsLink
+from raven.transport.wsupgrade import TunnelResponse
 
 log = logging.getLogger("raven.gateway.tunnel")
 
@@ -179,14 +180,15 @@ class TunnelEndpoint:
         clock = agent_clock_offset(request.headers.get("Date"), time.time())
         del ident  # this frame lives as long as the session: keep the four fields, not the parsed certificate
 
-        # aiohttp refuses a message of exactly max_msg_size; the wire decoder enforces max_frame, inclusive.
-        ws = web.WebSocketResponse(max_msg_size=self.cfg.limits.max_frame + 1, compress=False, autoping=True)
+        # aiohttp answers the Upgrade; from its 101 on, the connection's bytes are the link's (transport/wslink.py).
+        ws = TunnelResponse(max_message=self.cfg.limits.max_frame)
         await ws.prepare(request)
         task = asyncio.current_task()
         if task is not None:
             self.handlers.add(task)
         try:
-            await self._serve(ws, claim, peer, clock)
+            if ws.link is not None:
+                await self._serve(ws.link, claim, peer, clock)
         finally:
             if task is not None:
                 self.handlers.discard(task)
@@ -252,13 +254,14 @@ class TunnelEndpoint:
         return (f"agent {hello.agent} runs release {version.peer_release(hello.release)}, older than this "
                 f"gateway's tunnel.min_agent_version {floor}: upgrade the agent (supported releases: docs/skew.md)")
 
-    async def _serve(self, ws: web.WebSocketResponse, claim: Claim, peer: str, clock: float | None) -> None:
+    async def _serve(self, ws: WsLink, claim: Claim, peer: str, clock: float | None) -> None:
         try:
             session, hello = await accept(ws, functools.partial(self._admit, claim, peer),
                                           functools.partial(self._refused, claim, peer), limits=self.limits,
                                           timeout=self.cfg.limits.handshake_timeout)
         except (RemoteProtocolError, HandshakeRefused):
             return
+        ws.drain_timeout = (Tunnel.WRITE_STALL_TIMEOUTS + 1) * session.core.heartbeat_timeout  # after the session's
         pools = claim.pools
         session.on_stream_closed = self._stream_closed
         agent_session = AgentSession(hello.agent, hello.session, pools, session, peer=peer, cidrs=claim.cidrs,
@@ -286,7 +289,7 @@ class TunnelEndpoint:
                 session.send_control(wire.Drain("gateway is draining"))
             del hello, old  # this frame lives as long as the session (memory per idle session)
             backfill = asyncio.get_running_loop().create_task(self.backfill.session(agent_session))
-            await session.run(messages(ws))
+            await ws.serve(session)
         finally:
             if backfill is not None:
                 await cancel_and_wait((backfill,))

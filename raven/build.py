@@ -38,6 +38,7 @@ COMPILED: tuple[str, ...] = (
     "raven/protocol/connection.py",
     "raven/protocol/handshake.py",
     "raven/protocol/errors.py",
+    "raven/protocol/wsframe.py",
     "raven/http/coding.py",
     "raven/transport/tunnel.py",
     "raven/transport/stream.py",

@@ -60,6 +60,8 @@ class MessageSink(Protocol):
 
     async def send(self, message: bytes) -> None: ...
 
+    async def send_many(self, messages: list[bytes]) -> None: ...  # all of them in this turn of the loop
+
     async def close(self) -> None: ...
 
 
@@ -446,13 +448,14 @@ class Tunnel:
                     finally:
                         self._out_waiter = None
                     continue
+                size = 0
                 for message in messages:
-                    self._in_transit += len(message)
-                for message in messages:
-                    self._send_since = self.loop.time()
-                    await self.sink.send(message)
-                    self._send_since = None
-                    self._in_transit -= len(message)
+                    size += len(message)
+                self._in_transit += size
+                self._send_since = self.loop.time()
+                await self.sink.send_many(messages)  # one wake-up of the writer, one await
+                self._send_since = None
+                self._in_transit -= size
                 if self._room_waiters:
                     self._wake_writers()
         except asyncio.CancelledError:

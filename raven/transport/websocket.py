@@ -1,7 +1,13 @@
 """Carry a session over an aiohttp WebSocket (either side): binary messages only (one frame each in protocol
-version 1, a batch of frames in version 2)."""
+version 1, a batch of frames in version 2).
+
+The services' tunnels no longer run on aiohttp's reader and writer (raven/transport/wslink.py takes the
+connection over after the Upgrade); this stays for tools and tests that drive a session over an aiohttp
+WebSocket (bench/bench_agents.py, tests/support): :class:`WebSocketSink` is the same channel as a link."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -21,8 +27,22 @@ class WebSocketSink:
     async def send(self, message: bytes) -> None:
         await self.ws.send_bytes(message)
 
+    async def send_many(self, messages: list[bytes]) -> None:
+        for message in messages:
+            await self.ws.send_bytes(message)
+
+    async def receive(self) -> bytes:
+        """One binary message (the handshake's); :class:`TransportError` for anything else."""
+        try:
+            return await anext(messages(self.ws))
+        except StopAsyncIteration:
+            raise TransportError("websocket closed") from None
+
     async def close(self) -> None:
         await self.ws.close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.ws.get_extra_info(name, default)
 
 
 @mypyc_attr(native_class=False)  # two exception bases: an ordinary class when compiled

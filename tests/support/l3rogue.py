@@ -21,9 +21,9 @@ import aiohttp
 
 from raven.config import TLSConfig
 from raven.protocol import wire
+from raven.transport import wsupgrade
 from raven.transport.connect import connect
 from raven.transport.tls import client_context
-from raven.transport.websocket import messages
 from tests.support.l3tools import udp_packet
 
 
@@ -42,9 +42,10 @@ async def rogue(args: argparse.Namespace) -> int:
         ws = await http.ws_connect(args.url, ssl=ctx, server_hostname=args.server_name, compress=0)
         try:
             hello = wire.Hello(args.name, uuid.uuid4().hex)
-            session, _ = await connect(ws, hello, limits=wire.DEFAULT_LIMITS, timeout=10)
+            link = wsupgrade.take_over(ws, max_message=wire.DEFAULT_LIMITS.max_frame)
+            session, _ = await connect(link, hello, limits=wire.DEFAULT_LIMITS, timeout=10)
             session.on_control = on_control
-            reader = asyncio.create_task(session.run(messages(ws)))
+            reader = asyncio.create_task(link.serve(session))
             session.send_control(wire.Routes((args.cidr,), pool=args.pool))
             routes = await asyncio.wait_for(answer, 10)
             sent: dict[str, int] = {}
@@ -61,6 +62,7 @@ async def rogue(args: argparse.Namespace) -> int:
             with contextlib.suppress(BaseException):
                 await reader
         finally:
+            await link.close()
             await ws.close()
     return 0
 

@@ -20,6 +20,10 @@ class QueueSink:
         self.sent.append(message)
         await self.queue.put(message)
 
+    async def send_many(self, messages: list[bytes]) -> None:
+        for message in messages:
+            await self.send(message)
+
     async def close(self) -> None:
         await self.queue.put(None)
 

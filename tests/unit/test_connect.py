@@ -1,4 +1,4 @@
-"""connect() and accept() (raven/transport/connect.py) over a scripted WebSocket: no sockets."""
+"""connect() and accept() (raven/transport/connect.py) over a scripted aiohttp WebSocket: no sockets."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from raven.protocol.errors import HandshakeCode, RemoteProtocolError
 from raven.protocol.state import SessionState
 from raven.refusals import HandshakeRefused, Reason
 from raven.transport.connect import accept, connect
-from raven.transport.websocket import TransportError, messages
+from raven.transport.websocket import TransportError, WebSocketSink, messages
 
 HELLO = wire.Hello("agent-1", "0123456789abcdef", window=4096, max_streams=8, release="0.3.0")
 WELCOME = wire.Welcome(2, "gw-0", 2, heartbeat_interval=1.0, heartbeat_timeout=3.0, window=2048, max_streams=4)
@@ -56,7 +56,7 @@ class ScriptedWS:
 
 async def test_connect_sends_hello_and_returns_an_open_session_named_after_the_replica() -> None:
     ws = ScriptedWS(wire.encode(WELCOME))
-    session, welcome = await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    session, welcome = await connect(WebSocketSink(ws), HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
     assert ws.sent == [wire.encode(HELLO)]
     assert welcome == WELCOME and session.name == "gw:gw-0"
     assert session.state is SessionState.OPEN and not session.core.opener
@@ -67,17 +67,17 @@ async def test_connect_sends_hello_and_returns_an_open_session_named_after_the_r
 async def test_connect_refuses_a_goaway_and_a_closed_connection_with_the_reason() -> None:
     ws = ScriptedWS(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, "session cap")))
     with pytest.raises(RemoteProtocolError, match="gateway refused the session: session cap") as info:
-        await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+        await connect(WebSocketSink(ws), HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
     assert info.value.code is HandshakeCode.GOAWAY
     closed = ScriptedWS(aiohttp.WSMessage(aiohttp.WSMsgType.CLOSE, 1000, None))
-    with pytest.raises(RemoteProtocolError, match=r"gateway closed the tunnel during the handshake \(CLOSE\)") as info:
-        await connect(closed, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    with pytest.raises(RemoteProtocolError, match=r"during the handshake \(websocket closed\)") as info:
+        await connect(WebSocketSink(closed), HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
     assert info.value.code is HandshakeCode.CLOSED
 
 
 async def test_connect_waits_no_longer_than_its_deadline() -> None:
     with pytest.raises(TimeoutError):
-        await connect(ScriptedWS(), HELLO, limits=wire.DEFAULT_LIMITS, timeout=0.05)  # type: ignore[arg-type]
+        await connect(WebSocketSink(ScriptedWS()), HELLO, limits=wire.DEFAULT_LIMITS, timeout=0.05)  # type: ignore[arg-type]
 
 
 async def test_accept_admits_answers_welcome_and_returns_an_open_session_named_after_the_agent() -> None:
@@ -89,7 +89,7 @@ async def test_accept_admits_answers_welcome_and_returns_an_open_session_named_a
         seen.append(hello)
         return WELCOME
 
-    session, hello = await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+    session, hello = await accept(WebSocketSink(ws), admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
                                   limits=wire.DEFAULT_LIMITS, timeout=5)
     assert seen == [HELLO] and hello == HELLO and not refusals
     assert ws.sent == [wire.encode(WELCOME)]
@@ -106,7 +106,7 @@ async def test_accept_tells_a_refusal_answers_goaway_and_raises() -> None:
         raise HandshakeRefused(Reason.AGENT_SESSION_CAP, "agent-1 already holds 4 sessions", key="agent-1")
 
     with pytest.raises(HandshakeRefused) as info:
-        await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+        await accept(WebSocketSink(ws), admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
                      limits=wire.DEFAULT_LIMITS, timeout=5)
     assert refusals == [(info.value, True)] and info.value.key == "agent-1"
     assert info.value.label == "agent-session-cap"
@@ -121,7 +121,7 @@ async def test_accept_refuses_a_first_message_that_is_not_hello() -> None:
         raise AssertionError("no HELLO: admit is not asked")
 
     with pytest.raises(RemoteProtocolError):
-        await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+        await accept(WebSocketSink(ws), admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
                      limits=wire.DEFAULT_LIMITS, timeout=5)
     ((err, answered),) = refusals
     assert isinstance(err, RemoteProtocolError) and err.code is HandshakeCode.NO_HELLO and answered
@@ -137,7 +137,7 @@ async def test_accept_without_a_binary_hello_in_time_says_nothing_and_tells_why(
         raise AssertionError("no HELLO: admit is not asked")
 
     with pytest.raises(RemoteProtocolError):
-        await accept(ws, admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
+        await accept(WebSocketSink(ws), admit, lambda err, answered: refusals.append((err, answered)),  # type: ignore[arg-type]
                      limits=wire.DEFAULT_LIMITS, timeout=0.05)
     ((err, answered),) = refusals
     assert not answered and ws.sent == [] and isinstance(err, RemoteProtocolError)
@@ -148,7 +148,7 @@ async def test_a_broken_websocket_ends_the_session_as_a_lost_connection() -> Non
     """messages() raises TransportError for what a session does not carry: a RavenError (one hierarchy) and a
     ConnectionError (Tunnel.run ends on it like on any lost connection)."""
     ws = ScriptedWS(wire.encode(WELCOME), aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, "hi", None))
-    session, _ = await connect(ws, HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
+    session, _ = await connect(WebSocketSink(ws), HELLO, limits=wire.DEFAULT_LIMITS, timeout=5)  # type: ignore[arg-type]
     with pytest.raises(TransportError) as info:
         await anext(messages(ws))  # type: ignore[arg-type]
     assert isinstance(info.value, RavenError) and isinstance(info.value, ConnectionError)

@@ -187,6 +187,10 @@ async def test_heartbeat_deadline_closes_silent_session(caplog: pytest.LogCaptur
         async def send(self, message: bytes) -> None:
             await to_nowhere.put(message)
 
+        async def send_many(self, messages: list[bytes]) -> None:
+            for message in messages:
+                await to_nowhere.put(message)
+
         async def close(self) -> None:
             pass
 
@@ -202,6 +206,9 @@ class _StuckSink:
     """A transport whose peer never reads: every send blocks."""
 
     async def send(self, message: bytes) -> None:
+        await asyncio.Event().wait()
+
+    async def send_many(self, messages: list[bytes]) -> None:
         await asyncio.Event().wait()
 
     async def close(self) -> None:

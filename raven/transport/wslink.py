@@ -1,0 +1,277 @@
+"""A tunnel's WebSocket after the HTTP Upgrade: the core's RFC 6455 codec (raven/protocol/wsframe.py) on the
+connection's own bytes, in place of aiohttp's WebSocket reader and writer (raven/transport/wsupgrade.py hands the
+connection over; aiohttp still does the Upgrade itself on both sides).
+
+What it saves per message, against aiohttp's reader and writer: no message object, no queue and no task woken per
+message (received messages go straight to the session's ``feed`` from ``data_received``), and the frames of
+all the messages a writer's wake-up sends written in that one turn of the loop (``send_many``).
+
+:class:`WsLink` is three things for one connection: the parser aiohttp's protocol feeds (``feed_data``,
+``feed_eof``), the session's sink (``send``, ``send_many``, ``close``) and, until the session is served, a source
+of single messages for the handshake (``receive``). Received messages wait in a bounded inbox until
+:meth:`serve` attaches the session; over ``INBOX_LIMIT`` bytes reading pauses. Pings are answered with pongs;
+a close frame is answered and ends the connection; a frame the codec refuses is answered with a close frame
+carrying its code and reason and ends the connection with that reason. A write waits while the transport's
+buffer is over its high-water mark (the peer is slow), at most ``drain_timeout``: then the connection is cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any, Final, Protocol
+
+from raven.lograte import RateLimitedLog
+from raven.protocol import wsframe
+from raven.protocol.wsframe import Close, FrameDecoder, FrameEncoder, Masker, Ping, WebSocketError
+from raven.transport.websocket import TransportError
+
+log = logging.getLogger("raven.session")
+_peer_log = RateLimitedLog(log)
+
+
+class Session(Protocol):
+    """What a link feeds (raven/transport/tunnel.py's Tunnel)."""
+
+    name: str
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def close_reason(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def feed(self, message: bytes | bytearray | memoryview) -> None: ...
+
+    async def close(self, reason: str, code: int = 0) -> None: ...
+
+
+class DrainHost(Protocol):
+    """aiohttp's protocol under the connection (its BaseProtocol): told by the transport when writing pauses."""
+
+    @property
+    def writing_paused(self) -> bool: ...
+
+    async def _drain_helper(self) -> None: ...
+
+
+class WsLink:
+    """One upgraded connection's WebSocket framing (see the module's docstring)."""
+
+    __slots__ = (
+        "__weakref__", "_decoder", "_encoder", "_ended", "_gone", "_inbox", "_inbox_bytes", "_paused", "_peer_closed",
+        "_receiver", "_sent_close", "_session", "drain_timeout", "name", "protocol", "transport",
+    )
+
+    INBOX_LIMIT: Final = 1 << 20  # bytes received before the session is served; reading pauses over it
+    CLOSE_TIMEOUT: Final = 1.5  # seconds a close waits for the peer's close frame (Tunnel.close allows 2)
+
+    def __init__(self, protocol: DrainHost, transport: asyncio.Transport, *, client: bool, max_message: int,
+                 masker: Masker = wsframe.mask_python, drain_timeout: float = 60.0) -> None:
+        self.protocol = protocol
+        self.transport = transport
+        self.name = "websocket"
+        self.drain_timeout = drain_timeout
+        self._decoder = FrameDecoder(client=client, max_message=max_message, masker=masker)
+        self._encoder = FrameEncoder(client=client, masker=masker)
+        self._session: Session | None = None
+        self._inbox: deque[bytes | bytearray] = deque()
+        self._inbox_bytes = 0
+        self._paused = False
+        self._receiver: asyncio.Future[None] | None = None
+        loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[str] = loop.create_future()  # why the link ended (the session ends with it)
+        self._gone: asyncio.Future[None] = loop.create_future()  # the peer's close frame came, or the connection went
+        self._sent_close = False
+        self._peer_closed = False
+
+    # ------------------------------------------------------------ aiohttp's parser interface
+
+    def feed_data(self, data: bytes | bytearray | memoryview) -> tuple[bool, bytes]:
+        """Bytes from the connection (aiohttp's ``data_received``). Never raises."""
+        if self._ended.done():
+            return False, b""
+        try:
+            events = self._decoder.receive(data if isinstance(data, (bytes, bytearray)) else bytes(data))
+        except WebSocketError as err:
+            _peer_log.warning(self.name, "websocket", "session %s: websocket protocol error from the peer: %s "
+                              "(closing with %d)", self.name, err.reason, err.code)
+            self._fail(err.code, f"websocket protocol error from the peer: {err.reason}")
+            return False, b""
+        session = self._session
+        for ev in events:
+            if isinstance(ev, (bytes, bytearray)):
+                if session is not None:
+                    try:
+                        session.feed(ev)
+                    except Exception as exc:  # a bug, never the peer's input: the session ends, the loop goes on
+                        log.exception("session %s: feeding a message failed", self.name)
+                        self._fail(wsframe.CLOSE_INTERNAL_ERROR, f"internal error: {exc!r}")
+                        return False, b""
+                    if session.closed:
+                        self._end(session.close_reason or "session closed")
+                        return False, b""
+                else:
+                    self._queue(ev)
+            elif isinstance(ev, Ping):
+                self._write(self._encoder.pong(ev.payload))
+            elif isinstance(ev, Close):
+                self._on_close(ev)
+                return False, b""
+        return False, b""
+
+    def feed_eof(self) -> None:
+        """The connection is gone (aiohttp's ``connection_lost``)."""
+        self._end("connection lost" if not self._peer_closed else "peer closed the connection")
+        self._set_gone()
+        self._wake_receiver()
+
+    # ------------------------------------------------------------ received messages
+
+    def _queue(self, message: bytes | bytearray) -> None:
+        self._inbox.append(message)
+        self._inbox_bytes += len(message)
+        if self._inbox_bytes > self.INBOX_LIMIT and not self._paused:
+            self._paused = True
+            with contextlib.suppress(Exception):
+                self.transport.pause_reading()
+        self._wake_receiver()
+
+    def _wake_receiver(self) -> None:
+        fut = self._receiver
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _take(self) -> bytes | bytearray:
+        message = self._inbox.popleft()
+        self._inbox_bytes -= len(message)
+        if self._paused and self._inbox_bytes <= self.INBOX_LIMIT // 2:
+            self._paused = False
+            with contextlib.suppress(Exception):
+                self.transport.resume_reading()
+        return message
+
+    async def receive(self) -> bytes:
+        """The next binary message (the handshake's); :class:`TransportError` once the connection has ended."""
+        while not self._inbox:
+            if self._ended.done():
+                raise TransportError(f"websocket closed: {self._ended.result()}")
+            self._receiver = asyncio.get_running_loop().create_future()
+            try:
+                await self._receiver
+            finally:
+                self._receiver = None
+        return bytes(self._take())
+
+    async def serve(self, session: Session) -> None:
+        """Feed ``session`` every message (those waiting first) until the connection ends, then close it, as
+        ``Tunnel.run`` does over an iterator of messages."""
+        self.name = session.name
+        session.start()
+        try:
+            while self._inbox and not session.closed:
+                session.feed(self._take())
+            if not session.closed:
+                self._session = session
+                await asyncio.shield(self._ended)
+        finally:
+            self._session = None
+            reason = self._ended.result() if self._ended.done() else "the tunnel handler ended"
+            await session.close(session.close_reason or reason)
+
+    # ------------------------------------------------------------ the connection's end
+
+    def _end(self, reason: str) -> None:
+        if not self._ended.done():
+            self._ended.set_result(reason)
+        self._wake_receiver()
+
+    def _set_gone(self) -> None:
+        if not self._gone.done():
+            self._gone.set_result(None)
+
+    def _on_close(self, ev: Close) -> None:
+        self._peer_closed = True
+        why = f"peer closed the websocket ({ev.code or 1005}{': ' + ev.reason[:200] if ev.reason else ''})"
+        self._end(why)
+        self._set_gone()
+        if not self._sent_close:  # the peer began: answer with its code, then the connection closes
+            self._sent_close = True
+            self._write(self._encoder.close(ev.code or wsframe.CLOSE_NORMAL))
+        self._close_transport()
+
+    def _fail(self, code: int, reason: str) -> None:
+        self._end(reason)
+        if not self._sent_close:
+            self._sent_close = True
+            self._write(self._encoder.close(code, reason))
+        self._close_transport()
+
+    def _close_transport(self) -> None:
+        """Close once what is buffered has left; at once (abort) when the peer is not reading it."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if self.protocol.writing_paused:
+            transport.abort()
+        else:
+            transport.close()
+
+    # ------------------------------------------------------------ sending (the session's sink)
+
+    def _write(self, data: bytes | bytearray) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    async def send(self, message: bytes) -> None:
+        await self.send_many([message])
+
+    async def send_many(self, messages: list[bytes]) -> None:
+        """Every message as one binary frame, each written as soon as it is made (uvloop sends one turn's writes
+        with one system call; joining them, or making them all first, held every frame's buffer at once and
+        measured dearer), then wait (at most ``drain_timeout``) while the transport holds more than its
+        high-water mark."""
+        if self._sent_close or self.transport.is_closing():
+            raise TransportError(f"websocket closed: {self._ended.result() if self._ended.done() else 'closing'}")
+        write = self.transport.write
+        frame = self._encoder.frame
+        for message in messages:
+            write(frame(wsframe.OP_BINARY, message))  # one frame's buffer alive at a time
+        if self.protocol.writing_paused:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        try:
+            async with asyncio.timeout(self.drain_timeout):
+                await self.protocol._drain_helper()
+        except TimeoutError:
+            reason = f"peer not reading: a write waited {self.drain_timeout:.1f}s"
+            self._end(reason)
+            self.transport.abort()
+            raise TransportError(reason) from None
+
+    async def close(self, code: int = wsframe.CLOSE_NORMAL, reason: str = "") -> None:
+        """The close handshake: send a close frame, wait for the peer's (at most ``CLOSE_TIMEOUT``), close the
+        connection (at once if the peer does not answer or does not read, or the wait is cancelled). Idempotent."""
+        try:
+            if not self._sent_close and not self.transport.is_closing():
+                self._sent_close = True
+                self.transport.write(self._encoder.close(code, reason))
+            if not self._peer_closed and not self.transport.is_closing():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.CLOSE_TIMEOUT):
+                        await asyncio.shield(self._gone)
+        finally:
+            self._end("closed by this side")
+            if not self.transport.is_closing():
+                if self._peer_closed:
+                    self._close_transport()
+                else:
+                    self.transport.abort()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)

@@ -1,0 +1,188 @@
+"""The tunnel's WebSocket framing in the core (raven/transport/wslink.py, wsupgrade.py) over real TCP on loopback:
+aiohttp does the Upgrade on both sides, then the links carry the bytes. Messages both ways and interop with
+aiohttp's own reader and writer on the far side, the close handshake, pings, a server that masks (refused by the
+agent's side), and a peer that stops reading (cut off by the session's write-stall deadline, and by the link's own
+drain deadline)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from raven.protocol import wire
+from raven.transport.tunnel import Tunnel
+from raven.transport.websocket import TransportError
+from raven.transport.wslink import WsLink
+from raven.transport.wsupgrade import TunnelResponse, take_over
+from tests.support.memsession import batched, core_session
+from tests.support.polling import eventually
+
+pytestmark = pytest.mark.asyncio
+
+MAX = 1 << 20
+
+
+@dataclass
+class Server:
+    """An aiohttp server whose one handler upgrades with TunnelResponse and hands each link to the test."""
+
+    url: str = ""
+    links: asyncio.Queue[WsLink] = field(default_factory=asyncio.Queue)
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # handlers may return
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        ws = TunnelResponse(max_message=MAX)
+        await ws.prepare(request)
+        assert ws.link is not None
+        await self.links.put(ws.link)
+        await self.done.wait()
+        return ws
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[Server]:
+    srv = Server()
+    runner = web.ServerRunner(web.Server(srv.handle))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    srv.url = f"http://127.0.0.1:{port}/tunnel"
+    try:
+        yield srv
+    finally:
+        srv.done.set()
+        await runner.cleanup()
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def transport_of(ws: aiohttp.ClientWebSocketResponse) -> asyncio.Transport:
+    conn = ws._response.connection
+    assert conn is not None and conn.transport is not None
+    return conn.transport
+
+
+async def test_messages_both_ways_between_two_links_and_a_clean_close(server: Server,
+                                                                      http: aiohttp.ClientSession) -> None:
+    ws = await http.ws_connect(server.url, compress=0)
+    client = take_over(ws, max_message=MAX)
+    srv = await asyncio.wait_for(server.links.get(), 5)
+    big = os.urandom(300_000)  # masked by the client, unmasked by the server; several reads
+    await client.send_many([b"hello", big, b""])
+    assert [await srv.receive() for _ in range(3)] == [b"hello", big, b""]
+    await srv.send_many([big, b"back"])
+    assert await client.receive() == big and await client.receive() == b"back"
+    await client.close()  # the close handshake: the server answers, both connections end
+    with pytest.raises(TransportError, match="peer closed the websocket"):
+        await asyncio.wait_for(srv.receive(), 5)
+    await ws.close()  # aiohttp's response released; nothing left to send
+
+
+async def test_aiohttp_on_the_far_side_interoperates(server: Server, http: aiohttp.ClientSession) -> None:
+    """aiohttp's own client (reader and writer, autoping) against the server's link: messages, a ping answered
+    with a pong, and the link's close seen by aiohttp as a close frame with the code and reason."""
+    ws = await http.ws_connect(server.url, compress=0, autoping=False)
+    srv = await asyncio.wait_for(server.links.get(), 5)
+    await ws.send_bytes(b"x" * 70_000)
+    assert await srv.receive() == b"x" * 70_000
+    await ws.ping(b"are you there")
+    msg = await ws.receive(timeout=5)
+    assert msg.type == aiohttp.WSMsgType.PONG and msg.data == b"are you there"
+    await srv.send_many([b"one", b"two"])
+    assert (await ws.receive_bytes(timeout=5), await ws.receive_bytes(timeout=5)) == (b"one", b"two")
+    closing = asyncio.create_task(srv.close(4000, "test over"))
+    msg = await ws.receive(timeout=5)
+    assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 4000 and msg.extra == "test over"
+    await ws.close()
+    await asyncio.wait_for(closing, 5)
+    assert ws.closed
+
+
+async def test_a_masked_frame_from_the_server_is_refused_by_the_agents_side(server: Server,
+                                                                           http: aiohttp.ClientSession) -> None:
+    ws = await http.ws_connect(server.url, compress=0)
+    client = take_over(ws, max_message=MAX)
+    srv = await asyncio.wait_for(server.links.get(), 5)
+    # A binary frame with the mask bit set, written by hand on the server's connection.
+    srv.transport.write(struct.pack("!BB", 0x82, 0x80 | 3) + b"\0\0\0\0" + b"abc")
+    with pytest.raises(TransportError, match="websocket protocol error from the peer: masked frame from the server"):
+        await asyncio.wait_for(client.receive(), 5)
+    # The server's side got the client's close frame with 1002 and the reason.
+    with pytest.raises(TransportError, match=r"peer closed the websocket \(1002: websocket protocol error"):
+        await asyncio.wait_for(srv.receive(), 5)
+    await ws.close()
+
+
+async def stalled_pair(server: Server, http: aiohttp.ClientSession
+                       ) -> tuple[aiohttp.ClientWebSocketResponse, WsLink, asyncio.Transport]:
+    """A server link whose client reads nothing more: small kernel buffers both ways, the client's reading paused."""
+    ws = await http.ws_connect(server.url, compress=0, timeout=aiohttp.ClientWSTimeout(ws_close=1.0))
+    srv = await asyncio.wait_for(server.links.get(), 5)
+    client_transport = transport_of(ws)
+    client_transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    srv.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client_transport.pause_reading()
+    return ws, srv, client_transport
+
+
+async def test_a_peer_that_stops_reading_hits_the_sessions_write_stall_deadline(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """The peer keeps the session alive (it sends PINGs) but reads nothing: the session's writer waits (the
+    kernel is full, then the transport's buffer) and the write-stall deadline (3 heartbeat timeouts) ends the
+    session and cuts the connection; the transport's buffer never grows past what one wake-up wrote."""
+    ws, srv, _ = await stalled_pair(server, http)
+    session = Tunnel(srv, core_session(True, 1024, (0.1, 0.3), max_streams=1), name="deaf",
+                     sock=srv.get_extra_info("socket"))
+    serving = asyncio.create_task(srv.serve(session))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    ping = batched(wire.encode(wire.Ping(1)))
+    most = 0
+    try:
+        while not session.closed and loop.time() - start < 10:
+            await ws.send_bytes(ping)  # never silent: only the stalled write can end it
+            for _ in range(50):
+                session.send_control(wire.Drain("x" * 1000))
+            most = max(most, srv.transport.get_write_buffer_size())
+            await asyncio.sleep(0.02)
+        await asyncio.wait_for(serving, 5)
+        took = loop.time() - start  # ~1 s to the deadline, then the close handshake's 1.5 s unanswered
+    finally:
+        serving.cancel()
+        await ws.close()
+    assert "peer not reading: a write stalled" in session.close_reason
+    assert took < 5
+    assert srv.transport.is_closing()
+    assert most < 4 << 20, most
+
+
+async def test_the_links_own_drain_deadline_cuts_a_peer_that_does_not_read(server: Server,
+                                                                           http: aiohttp.ClientSession) -> None:
+    ws, srv, _ = await stalled_pair(server, http)
+    srv.drain_timeout = 0.3
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        with pytest.raises(TransportError, match=r"peer not reading: a write waited 0.3s"):
+            for _ in range(1000):
+                await asyncio.wait_for(srv.send_many([b"y" * 65536]), 5)
+        assert loop.time() - start < 5
+        await eventually(lambda: srv.transport.is_closing(), timeout=2, what="the connection cut")
+        with pytest.raises(TransportError):
+            await srv.send(b"more")  # a cut link sends nothing more
+    finally:
+        await ws.close()
