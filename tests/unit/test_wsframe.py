@@ -130,7 +130,8 @@ def test_python_mask_matches_aiohttps() -> None:
 # ------------------------------------------------------------------ refusals, each with its code and reason
 
 
-@pytest.mark.parametrize(("client", "wire", "code", "words"), [
+# Named by their reasons: a masked frame carries a random key, and xdist's workers must collect the same ids.
+REFUSALS = [
     (False, raw_frame(OP_BINARY, b"x"), 1002, "unmasked frame from the client"),
     (True, raw_frame(OP_BINARY, b"x", mask=True), 1002, "masked frame from the server"),
     (False, raw_frame(OP_BINARY, b"", mask=True, length=1 << 62), 1009, "limit 65536"),
@@ -147,7 +148,11 @@ def test_python_mask_matches_aiohttps() -> None:
     (False, raw_frame(OP_CLOSE, b"\x03", mask=True), 1002, "1-byte payload"),
     (False, raw_frame(OP_CLOSE, struct.pack("!H", 1005), mask=True), 1002, "invalid code 1005"),
     (False, raw_frame(OP_CLOSE, struct.pack("!H", 1000) + b"\xff", mask=True), 1007, "not UTF-8"),
-])
+]
+
+
+@pytest.mark.parametrize(("client", "wire", "code", "words"), REFUSALS,
+                         ids=[f"{i}-{case[3]}" for i, case in enumerate(REFUSALS)])
 def test_refused_with_code_and_reason(client: bool, wire: bytes, code: int, words: str) -> None:
     dec = FrameDecoder(client=client, max_message=MAX)
     with pytest.raises(WebSocketError) as info:
