@@ -93,10 +93,14 @@ class RequestReader:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             offset = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) else len(data)
-            self.tunnel = True
             last = self.ready[-1] if self.ready else None
             if last is None or last.method != "CONNECT":
-                raise BadRequest(400, "protocol upgrades are not served here") from None
+                # An Upgrade offer (curl's h2c): answered as the HTTP/1.1 request it also is; llhttp stops at
+                # it, so a new parser reads on.
+                self._parser = httptools.HttpRequestParser(self)
+                self.feed(data[offset:])
+                return
+            self.tunnel = True
             last.tunnel = data[offset:]
             self.upgraded = last
         except httptools.HttpParserError as exc:

@@ -201,6 +201,12 @@ class LeanProtocol(asyncio.Protocol):
                 raise
         except ConnectionError:
             call.abort()
+        except BadRequest as exc:  # the request's body broke the HTTP framing while the handler read it
+            if call.started:
+                call.abort()
+            else:
+                call.respond(exc.status, (("Content-Type", "text/plain; charset=utf-8"),),
+                             f"raven: {exc.reason}\n".encode(), True)
         except Exception:
             log.exception("front-end request %s %s from %s failed", call.method[:20], call.raw_path[:80],
                           call.remote)
@@ -260,10 +266,10 @@ class LeanProtocol(asyncio.Protocol):
                 request.buffered = 0
                 self._resume()
                 return data
-            if request.done or self._error is not None:
-                if not request.done:
-                    raise ConnectionResetError(f"the request body was malformed: {self._error}")
+            if request.done:
                 return b""
+            if self._error is not None:  # its body broke the framing: the handler gives up, the client gets why
+                raise self._error
             if self._lost:
                 raise ConnectionResetError("the client left before the end of its request body")
             waiter = self._body_waiter = asyncio.get_running_loop().create_future()
