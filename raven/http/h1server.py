@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Protocol, cast
 
 from multidict import CIMultiDictProxy
 
@@ -35,6 +35,16 @@ log = logging.getLogger("raven.http.h1server")
 
 HIGH = 256 * 1024  # request bytes (bodies, pipelined requests) a connection holds before its reading pauses
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class _Guarded(Protocol):
+    """The guard's side of a connection (raven/http/guard.py): its phases and its one timer."""
+
+    clock: Clock
+
+    def busy(self) -> None: ...
+
+    def idle(self, owes_head: bool = False) -> None: ...
 
 
 class LeanServer:
@@ -80,7 +90,7 @@ class LeanProtocol(asyncio.Protocol):
         self._server = server
         self._reader = RequestReader(server.max_field, server.max_head)
         self._transport: asyncio.Transport | None = None
-        self._conn: object | None = None  # the guard's protocol around this one
+        self._conn: _Guarded | None = None  # the guard's protocol around this one
         self._clock: Clock | None = None
         self._call: LeanCall | None = None
         self._feeder: Feeder | None = None
@@ -182,16 +192,14 @@ class LeanProtocol(asyncio.Protocol):
             request = self._reader.ready.popleft()
             call = self._call = LeanCall(self, request)
             if self._conn is not None:
-                self._conn.busy()  # type: ignore[attr-defined]
+                self._conn.busy()
             task = call.task = asyncio.get_running_loop().create_task(self._serve(call))
             self._server.tasks.add(task)
             task.add_done_callback(self._server.tasks.discard)
         elif self._error is not None:
             error = self._error
             transport.write(canned(error.status, error.reason))
-            transport.close()
-            if self._conn is not None:
-                self._conn.idle()  # type: ignore[attr-defined]  # a client that reads nothing is reset
+            transport.close()  # the guard's deadline still runs: a client that reads nothing of this is reset
 
     async def _serve(self, call: LeanCall) -> None:
         try:
@@ -230,7 +238,7 @@ class LeanProtocol(asyncio.Protocol):
             transport.close()  # a body left unread cannot be told from the next request: the connection ends
         self._resume()
         if self._conn is not None:
-            self._conn.idle(self._reader.in_head or bool(self._reader.ready))  # type: ignore[attr-defined]
+            self._conn.idle(self._reader.in_head or bool(self._reader.ready))
         if not transport.is_closing():
             self._next()
 
@@ -286,7 +294,7 @@ class LeanProtocol(asyncio.Protocol):
 class LeanCall:
     """One request on a :class:`LeanProtocol`: what the handler reads and how it answers."""
 
-    __slots__ = ("_chunked", "_continued", "_proto", "close", "request", "started", "task")
+    __slots__ = ("_chunked", "_continued", "_no_body", "_proto", "close", "request", "started", "task")
 
     def __init__(self, proto: LeanProtocol, request: ParsedRequest) -> None:
         self._proto = proto
@@ -296,6 +304,7 @@ class LeanCall:
         self.close = not request.keep_alive
         self._chunked = False
         self._continued = False
+        self._no_body = False  # an answer to HEAD, a 204 or a 304: body bytes are never sent
 
     @property
     def method(self) -> str:
@@ -369,6 +378,7 @@ class LeanCall:
     async def send(self, status: int, reason: str, headers: HeaderList, length: int | None, first: bytes,
                    close: bool, until: float) -> None:
         self.close = self.close or close
+        self._no_body = self.method == "HEAD" or status in (204, 304)
         framing: tuple[str, str] | None
         if length is not None:
             framing = ("Content-Length", str(length))
@@ -385,6 +395,8 @@ class LeanCall:
         transport = self.transport
         if transport is None or self._proto._lost:
             raise ConnectionResetError("client connection lost")
+        if self._no_body:
+            chunk = b""
         if chunk and self._chunked:
             transport.write(b"%s%x\r\n%s\r\n" % (head, len(chunk), chunk))
         elif head:
