@@ -44,7 +44,7 @@ def cpu_seconds(pid: int) -> float:
 async def serve(server: str, port: int) -> None:
     from gateway.frontserver import front_server
 
-    page = render_metrics("bench-node", 8).encode()
+    page = render_metrics("bench-node", 8)
     headers = (("Content-Type", "text/plain; version=0.0.4; charset=utf-8"), ("X-Raven-Agent", "bench-agent"))
     guard = ConnectionGuard("bench front", GuardLimits())
 
