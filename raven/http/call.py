@@ -4,7 +4,7 @@
 (gateway/aiocall.py) alike: the request line and headers, the body chunk by chunk, and an answer as one
 write (:meth:`ServerCall.respond`), or a head with its first body bytes in one write followed by more
 (:meth:`ServerCall.send`, :meth:`ServerCall.write`, :meth:`ServerCall.end`). Writes wait while the client does
-not read (transport flow control) for at most ``stall`` seconds, then raise ``TimeoutError``.
+not read (transport flow control) until ``until`` (``time.monotonic()``), then raise ``TimeoutError``.
 """
 
 from __future__ import annotations

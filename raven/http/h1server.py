@@ -8,7 +8,7 @@ connection are answered one after another in their order (pipelining), and its r
 answer and write-stall ones) runs on the connection's one :class:`~raven.http.clock.Clock`.
 
 A response head leaves with its first body bytes in one ``transport.write``; writes wait for the transport's
-flow control (``pause_writing``/``resume_writing``), at most ``stall`` seconds each, so a client that stops reading
+flow control (``pause_writing``/``resume_writing``), each until its deadline, so a client that stops reading
 holds at most a transport's high-water mark of the answer. A request the parser refuses is answered with a
 400 (or 431) that says why, logged by ``on_malformed``, and the connection closed.
 """
