@@ -6,9 +6,11 @@ connection guard, uvloop when installed), and answers every request through the 
 request's deadline, then the head with the whole 50 KiB page (one write) and the end. No tunnel behind it:
 what differs between the rows is the HTTP server and its timers only. ``wrk`` drives it with 32 connections
 and with one; printed: req/s, p50/p99, and the server process's CPU per request (user + system, /proc). The
-rounds interleave the servers; the machine is shared, so compare within one run.
+rounds interleave the servers; the machine is shared, so compare within one run. With ``--idle N``, each server
+then holds N keep-alive connections (one request answered on each, as Prometheus holds one per target) and
+the growth of its resident memory per connection is printed.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_front.py --duration 5 --rounds 3
+    PYTHONPATH=. .venv/bin/python bench/bench_front.py --duration 5 --rounds 3 --idle 5000
 
 This is a benchmark, not a test: its figures depend on the machine and on what else runs on it.
 """
@@ -77,7 +79,35 @@ def wrk(port: int, connections: int, seconds: int) -> tuple[float, float, float]
     return rps, pct("50"), pct("99")
 
 
-def measure(server: str, seconds: int) -> dict[int, tuple[float, float, float, float]]:
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def hold_idle(port: int, count: int, pid: int) -> float:
+    """Bytes of the server's resident memory per keep-alive connection, each after one answered request."""
+    request = b"GET /metrics HTTP/1.1\r\nHost: bench-node:9400\r\n\r\n"
+    writers: list[asyncio.StreamWriter] = []
+    before = rss_bytes(pid)
+    try:
+        for start in range(0, count, 200):
+            batch = [await asyncio.open_connection("127.0.0.1", port) for _ in range(min(200, count - start))]
+            for _, writer in batch:
+                writer.write(request)
+                writers.append(writer)
+            for reader, _ in batch:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        await asyncio.sleep(1)
+        return (rss_bytes(pid) - before) / count
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def measure(server: str, seconds: int, idle: int = 0) -> dict[int, tuple[float, float, float, float]]:
     """{connections: (req/s, p50, p99, CPU µs per request)} for one server process."""
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([sys.executable, __file__, "--serve", server, "--port", str(port)],
@@ -94,6 +124,10 @@ def measure(server: str, seconds: int) -> dict[int, tuple[float, float, float, f
             used = cpu_seconds(proc.pid) - before
             requests = rps * (time.monotonic() - start)
             results[connections] = (rps, p50, p99, used / max(requests, 1) * 1e6)
+        if idle:
+            per = asyncio.run(hold_idle(port, idle, proc.pid))
+            print(f"  {server}: {idle} idle keep-alive connections, {per / 1024:.1f} KiB of resident memory each",
+                  flush=True)
         return results
     finally:
         proc.kill()
@@ -104,6 +138,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=int, default=5, help="seconds per measurement (default 5)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, the servers interleaved; medians (default 3)")
+    p.add_argument("--idle", type=int, default=0, help="then hold this many keep-alive connections (default 0)")
     p.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -121,7 +156,7 @@ def main() -> int:
     runs: dict[str, list[dict[int, tuple[float, float, float, float]]]] = {s: [] for s in SERVERS}
     for round_ in range(1, args.rounds + 1):
         for server in SERVERS:
-            result = measure(server, args.duration)
+            result = measure(server, args.duration, args.idle if round_ == 1 else 0)
             runs[server].append(result)
             r32, r1 = result[32], result[1]
             print(f"round {round_} {server:<8} c=32 {r32[0]:>7,.0f} req/s {r32[3]:6.1f} µs CPU/req   "

@@ -90,7 +90,7 @@ class AiohttpCall:
             response.force_close()
 
     async def send(self, status: int, reason: str, headers: HeaderList, length: int | None, first: bytes,
-                   close: bool, until: float) -> None:
+                   close: bool, until: float, last: bool = False) -> None:
         resp = self.response = _RelayResponse(status=status, reason=reason or None)
         for name, value in headers:
             resp.headers.add(name, value)

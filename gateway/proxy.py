@@ -341,14 +341,22 @@ class Proxy:
                 raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
                 raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the body ended after 0 of {length} bytes")
+        # A chunked page that is all here already (its FIN came with it, as usual) goes out with its last chunk
+        # in the same write as its head and body, not in a write of its own.
+        ahead: bytes | memoryview | None = None
+        if first and length is None and stream.readable:
+            try:
+                ahead = await stream.read()
+            except StreamReset as exc:
+                raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
         received = len(first)
         ex.received = received
         try:
             # "Connection: close" while draining: a draining replica sends keep-alive clients elsewhere.
             await request.send(head.status, head.reason, out, length, bytes(first), self.draining(),
-                               self._until(ex))
+                               self._until(ex), last=ahead == b"")
             # Without a body, still wait for the FIN (normally already here) so the stream ends cleanly.
-            chunk = await self._read(ex, stream) if no_body or first else b""
+            chunk = ahead if ahead is not None else await self._read(ex, stream) if no_body or first else b""
             while chunk:
                 received += len(chunk)
                 ex.received = received

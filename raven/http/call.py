@@ -67,8 +67,9 @@ class ServerCall(Protocol):
         ...
 
     async def send(self, status: int, reason: str, headers: HeaderList, length: int | None, first: bytes,
-                   close: bool, until: float) -> None:
-        """The response head and its first body bytes; ``length`` None: chunked (HTTP/1.1) or to the close."""
+                   close: bool, until: float, last: bool = False) -> None:
+        """The response head and its first body bytes; ``length`` None: chunked (HTTP/1.1) or to the close;
+        ``last``: ``first`` is the whole body (a chunked one may end in the same write)."""
         ...
 
     async def write(self, chunk: bytes | memoryview, until: float) -> None: ...

@@ -376,7 +376,7 @@ class LeanCall:
             transport.write(self._head(status, "", headers, framing) + body)
 
     async def send(self, status: int, reason: str, headers: HeaderList, length: int | None, first: bytes,
-                   close: bool, until: float) -> None:
+                   close: bool, until: float, last: bool = False) -> None:
         self.close = self.close or close
         self._no_body = self.method == "HEAD" or status in (204, 304)
         framing: tuple[str, str] | None
@@ -389,16 +389,19 @@ class LeanCall:
         else:
             framing, self.close = None, True  # an HTTP/1.0 body ends with the connection
         head = self._head(status, reason, headers, framing)
-        await self.write(first, until, head)
+        await self.write(first, until, head, last)
 
-    async def write(self, chunk: bytes | memoryview, until: float, head: bytes = b"") -> None:
+    async def write(self, chunk: bytes | memoryview, until: float, head: bytes = b"", last: bool = False) -> None:
         transport = self.transport
         if transport is None or self._proto._lost:
             raise ConnectionResetError("client connection lost")
         if self._no_body:
             chunk = b""
         if chunk and self._chunked:
-            transport.write(b"%s%x\r\n%s\r\n" % (head, len(chunk), chunk))
+            end = b""
+            if last:  # the whole body: its last chunk goes in the same write
+                end, self._chunked = b"0\r\n\r\n", False
+            transport.write(b"%s%x\r\n%s\r\n%s" % (head, len(chunk), chunk, end))
         elif head:
             transport.write(head + chunk)
         elif chunk:

@@ -39,6 +39,7 @@ class Lean:
     malformed: list[str]
     outcomes: list[str] = field(default_factory=list)
     most_buffered: int = 0
+    writes: list[int] = field(default_factory=list)  # transport writes per answer of /page
 
     async def connect(self, rcvbuf: int = 0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         sock = socket.socket()
@@ -83,6 +84,24 @@ async def lean() -> AsyncIterator[Lean]:
                 state.most_buffered = max(state.most_buffered, transport.get_write_buffer_size())
                 state.outcomes.append("stalled")
                 call.abort()
+        elif path == "/page":  # as the proxy answers a page that came whole (HEAD, DATA, FIN in one message)
+            transport = call.transport
+            assert transport is not None
+            counted = [0]
+            write = transport.write
+
+            def counting(data: bytes | bytearray | memoryview) -> None:
+                counted[0] += 1
+                write(data)
+
+            transport.write = counting  # type: ignore[method-assign]
+            try:
+                await call.send(200, "", (("Content-Type", "text/plain"),), None, b"p" * 50_000, False,
+                                time.monotonic() + STALL)
+                await call.end(time.monotonic() + STALL)
+            finally:
+                del transport.write
+            state.writes.append(counted[0])
         elif path.startswith("/slow/"):
             await asyncio.sleep(float(path.rsplit("/", 1)[1]))
             call.respond(200, (), path.encode(), False)
@@ -218,5 +237,19 @@ async def test_a_keepalive_connection_costs_about_one_timer_handle_per_request(l
     # Head, answer and idle deadlines of every request on the connection's one timer: at most about one new
     # handle per request (aiohttp's server with the guard made five or more).
     assert created <= requests + 2, created
+    writer.close()
+    await gone(lean)
+
+
+async def test_a_page_that_is_all_there_leaves_in_one_write(lean: Lean) -> None:
+    reader, writer = await lean.connect()
+    writer.write(b"GET /page HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
+    body = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 5)
+    assert body == b"c350\r\n" + b"p" * 50_000 + b"\r\n0\r\n\r\n"
+    # The head with the first chunk, then the last chunk: two writes for a page of unknown length (one with a
+    # Content-Length, the usual case, which the other tests' answers take).
+    assert lean.writes == [2]
     writer.close()
     await gone(lean)
