@@ -48,7 +48,7 @@ async def serve(server: str, port: int) -> None:
 
     page = render_metrics("bench-node", 8)
     headers = (("Content-Type", "text/plain; version=0.0.4; charset=utf-8"), ("X-Raven-Agent", "bench-agent"))
-    guard = ConnectionGuard("bench front", GuardLimits())
+    guard = ConnectionGuard("bench front", GuardLimits(max_connections=1 << 16, max_per_client=1 << 16))
 
     async def handle(call: ServerCall) -> None:
         guard.vouch(call)
