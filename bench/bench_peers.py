@@ -7,7 +7,8 @@ to every path. Each path is two relay processes with TLS 1.3 and certificates ch
 - ``caddy``: Debian's caddy -> one HTTP/2 connection over mutual TLS 1.3 -> caddy -> origin; GOMAXPROCS=1.
 - ``raven``: gateway -> tunnel (mutual TLS 1.3, WebSocket) -> agent -> origin, the bearer token checked on
   every request; one row per build (``compiled``: what is installed; ``pure``: the same code with
-  RAVEN_BUILD=pure, the interpreted modules; see README "Compiled and pure builds").
+  RAVEN_BUILD=pure, the interpreted modules; see README "Compiled and pure builds"). ``raven-aiohttp``: the
+  installed build with aiohttp's server on the front port (``front.server: aiohttp``), the lean one's baseline.
 
 The client is ``hey`` (Debian package), sending the bearer token and not asking for gzip (so every relay
 carries the whole page); req/s counts 200 answers only. Raven's gateway lets the one client hold 32 requests
@@ -371,15 +372,19 @@ async def start_path(name: str, work: Path, procs: Procs, clusters: list[LocalCl
         await wait_page(url, headers, size, "caddy", lambda: all(
             procs.procs[n].poll() is None for n in ("caddy-back", "caddy-front")))
         return "caddy -> HTTP/2, TLS 1.3 -> caddy (Go)", url, lambda: procs.pids("caddy-back", "caddy-front")
-    # raven-compiled / raven-pure
+    # raven-compiled / raven-pure / raven-aiohttp (the installed build, aiohttp's server on the front port)
     build = name.removeprefix("raven-")
+    server = "lean"
+    if build == "aiohttp":
+        build, server = "compiled", "aiohttp"
     for attempt in range(3):  # a port free_port chose may be taken meanwhile (another process's client)
         pool = PoolSpec("bench", [SimNode(NODE, "127.0.0.1", ORIGIN_PORT)], agents=1)
         cluster = LocalCluster(work / f"{name}-{attempt}", [pool], allowed_ports=[ORIGIN_PORT],
                                front_token=token, env={"RAVEN_BUILD": build},
                                # one client, one node, 32 in flight: allowed here (by default a client address
                                # holds a quarter of a node's 64; Prometheus scrapes a target one at a time)
-                               gateway_settings={"log_level": "warning", "front": {"client_share": 1.0}},
+                               gateway_settings={"log_level": "warning",
+                                                 "front": {"client_share": 1.0, "server": server}},
                                agent_settings={"log_level": "warning"})
         clusters.append(cluster)
         try:
@@ -396,7 +401,7 @@ async def start_path(name: str, work: Path, procs: Procs, clusters: list[LocalCl
     url = cluster.front_url + "/metrics"
     watched = [gateway.process, *(a.process for a in cluster.agents.values())]
     await wait_page(url, headers, size, "raven", lambda: all(p.returncode is None for p in watched))
-    return f"raven gateway -> tunnel -> agent ({running})", url, lambda: with_children(pids)
+    return f"raven gateway -> tunnel -> agent ({running}, {server} front)", url, lambda: with_children(pids)
 
 
 async def version_of(cluster: LocalCluster) -> str:
@@ -433,7 +438,8 @@ def cli() -> int:
     p.add_argument("--rounds", type=int, default=1, help="rounds over all paths, interleaved; medians (default 1)")
     p.add_argument("--rate", type=float, default=667.0, help="paced scrapes/s for the CPU figure (default 667)")
     p.add_argument("--paths", nargs="+", default=["nginx", "caddy", "raven-compiled", "raven-pure"],
-                   choices=["nginx", "caddy", "raven-compiled", "raven-pure"], help="what to run, in this order")
+                   choices=["nginx", "caddy", "raven-compiled", "raven-pure", "raven-aiohttp"],
+                   help="what to run, in this order")
     args = p.parse_args()
     ensure_packages()
     work = Path(tempfile.mkdtemp(prefix="raven-peers-"))

@@ -152,7 +152,8 @@ async def main(args: argparse.Namespace) -> int:
     # As in production: the front end checks a bearer token on every request.
     token = secrets.token_hex(32)
     cluster = LocalCluster(workdir, [PoolSpec("bench", nodes, agents=1)], allowed_ports=[port], front_token=token,
-                           gateway_settings={"log_level": "warning"}, agent_settings={"log_level": "warning"})
+                           gateway_settings={"log_level": "warning", "front": {"server": args.front_server}},
+                           agent_settings={"log_level": "warning"})
     hosts = ", ".join(f'"{n.name}:{port}"' for n in nodes)
     scripts = {False: workdir / "rotate.lua", True: workdir / "rotate-gzip.lua"}
     scripts[False].write_text(LUA_ROTATE % (hosts, token, ""))
@@ -234,6 +235,8 @@ def cli() -> int:
     parser.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
     parser.add_argument("--gzip", choices=["off", "on", "both"], default="both",
                         help="whether the client sends Accept-Encoding: gzip (as Prometheus does); default both")
+    parser.add_argument("--front-server", choices=["lean", "aiohttp"], default="lean",
+                        help="the gateway's front-port server (front.server; default lean)")
     parser.add_argument("--profile", action="store_true", help="sample gateway and agent with py-spy")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="keep py-spy's collapsed stacks here (default: a temporary folder, removed)")

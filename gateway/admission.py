@@ -15,8 +15,6 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from gateway.auth import FrontAuth
 from gateway.pools import Pools
 from gateway.registry import NodeEntry, Registry
@@ -24,6 +22,7 @@ from gateway.request import Target, parse_target
 from raven.config import GatewayFront
 from raven.counters import KeyedCounter
 from raven.deadline import NO_DEADLINE, Deadline
+from raven.http.call import ServerCall
 from raven.http.guard import ConnectionGuard
 from raven.ops.metrics import GatewayMetrics
 from raven.refusals import Reason, Refusal
@@ -40,7 +39,7 @@ class Exchange:
     ``Proxy.handle``'s ``finally``, whatever way the request ended.
     """
 
-    request: web.BaseRequest
+    request: ServerCall
     start: float
     kind: str = "http"
     node: str = "-"
@@ -147,14 +146,14 @@ class Admission:
         raise Refusal(_CONNECTION_REASON.get(label, Reason.UNAVAILABLE), f"connection for node {ex.node!r} refused: "
                       f"{why}", {"Retry-After": "5"})
 
-    def _check_method(self, request: web.BaseRequest) -> None:
+    def _check_method(self, request: ServerCall) -> None:
         method = request.method
         if (self.cfg.allow_connect if method == "CONNECT" else method in self.allowed_methods):
             return
         raise Refusal(Reason.METHOD, f"method {method[:20]} is not allowed here (allowed: {self.allow_header})",
                       {"Allow": self.allow_header})
 
-    def budget(self, request: web.BaseRequest) -> float:
+    def budget(self, request: ServerCall) -> float:
         """The seconds the request's deadline gives it: ``request_timeout``, or Prometheus's scrape timeout when
         shorter."""
         timeout = self.cfg.request_timeout

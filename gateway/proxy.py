@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import Counter, Histogram
 
 from gateway.admission import Admission, Exchange
@@ -32,9 +30,9 @@ from gateway.registry import AgentSession, Registry
 from gateway.request import check_header_block, client_key, content_length, header_safe
 from gateway.status import OK_CODES, NodeResult
 from gateway.tcprelay import relay_tcp
-from raven.aio import reset_connection
 from raven.config import GatewayFront
 from raven.errors import RavenError
+from raven.http.call import ServerCall
 from raven.http.guard import ConnectionGuard
 from raven.lograte import RateLimitedLog
 from raven.logsafe import path_for_log
@@ -75,16 +73,6 @@ class _PoolMetrics:
     to_edge: Counter
     from_edge: Counter
     requests: dict[tuple[str, str], Counter]  # (kind, code) -> raven_gateway_requests_total's child
-
-
-class _RelayResponse(web.StreamResponse):
-    """A streamed response whose head leaves with the first body bytes: one write and one packet, not two.
-
-    aiohttp (3.12 and later) holds the serialized head until the first write when this flag is
-    False, as its own ``web.Response`` does; the client sees the head no later than the first chunk.
-    """
-
-    _send_headers_immediately = False
 
 
 class _ClientStalled(RavenError):
@@ -132,15 +120,17 @@ class Proxy:
 
     # ------------------------------------------------------------ entry point
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: ServerCall) -> None:
+        """Answer one front-end request (on the lean server, raven/http/h1server.py, or aiohttp's)."""
         ex = Exchange(request, time.monotonic())
         try:
             self.admission.check(ex)
             if ex.kind == "tcp":
-                return await self._connect(ex)
-            return await self._http(ex)
+                await self._connect(ex)
+            else:
+                await self._http(ex)
         except Refusal as ref:
-            return self._refuse(ex, ref)
+            self._refuse(ex, ref)
         except asyncio.CancelledError:
             if not ex.code:
                 ex.code, ex.reason = "cancelled", "the client left (or the gateway stopped) while waiting for the node"
@@ -188,7 +178,7 @@ class Proxy:
             m.latency.labels(pool), m.bytes.labels(pool, "to_edge"), m.bytes.labels(pool, "from_edge"), {})
         return found
 
-    def _refuse(self, ex: Exchange, ref: Refusal) -> web.Response:
+    def _refuse(self, ex: Exchange, ref: Refusal) -> None:
         request = ex.request
         label = ref.label
         # One line per client and reason a minute (with a count of the rest): a client cannot grow the log.
@@ -198,14 +188,10 @@ class Proxy:
         ex.code, ex.reason, ex.observe = str(ref.status), ref.text, True
         ex.last_scrape = ref.status >= 500  # a refusal of the client's own making (4xx) says nothing about the node
         self.metrics.front_refused.labels(label).inc()
-        response = web.Response(
-            status=ref.status,
-            text=f"raven: {ref.text}\n",
-            headers={**ref.headers, "X-Raven-Error": header_safe(ref.text)},
-        )
-        if not self.guard.proven(request):  # sent nothing but refused requests: it does not stay
-            response.force_close()
-        return response
+        headers = (("Content-Type", "text/plain; charset=utf-8"), *ref.headers.items(),
+                   ("X-Raven-Error", header_safe(ref.text)))
+        # A connection that sent nothing but refused requests does not stay.
+        request.respond(ref.status, headers, f"raven: {ref.text}\n".encode(), not self.guard.proven(request))
 
     # ------------------------------------------------------------ opening a stream, with one retry
 
@@ -241,10 +227,11 @@ class Proxy:
             try:
                 if deadline.left() <= 0:
                     raise TimeoutError
-                async with deadline.timeout():
-                    if body:
-                        async with asyncio.timeout(self.cfg.body_timeout):
-                            await self._send_body(request, stream, progress)
+                # One deadline per wait (the connection's one timer): the body's, then the node's answer's.
+                if body:
+                    async with request.timeout(min(deadline.at, time.monotonic() + self.cfg.body_timeout)):
+                        await self._send_body(request, stream, progress)
+                async with request.timeout(deadline.at):
                     head = await stream.head()
                 self.registry.avoidance.succeeded(target.node, chosen.agent)
                 return stream, head
@@ -287,12 +274,10 @@ class Proxy:
         self._log.warning(agent, "avoid", "node %s (pool %r) failed through agent %s (%s): its requests go to another "
                           "agent of the pool for %.0fs where one can take them", node, pool, agent, why, hold)
 
-    async def _send_body(self, request: web.BaseRequest, stream: Stream, progress: _BodyProgress) -> None:
-        if request.headers.get("Expect", "").lower() == "100-continue" and request.writer is not None:
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    async def _send_body(self, request: ServerCall, stream: Stream, progress: _BodyProgress) -> None:
         while True:
             progress.waiting_for_client = True
-            chunk = await request.content.readany()
+            chunk = await request.read()  # answers "Expect: 100-continue" first
             progress.waiting_for_client = False
             if not chunk:
                 break
@@ -302,7 +287,7 @@ class Proxy:
 
     # ------------------------------------------------------------ HTTP
 
-    async def _http(self, ex: Exchange) -> web.StreamResponse:
+    async def _http(self, ex: Exchange) -> None:
         request, target = ex.request, ex.target
         assert target is not None
         client = request.remote or "?"
@@ -330,38 +315,33 @@ class Proxy:
         try:
             stream, head = await self._open(ex, open_frame, request.method in IDEMPOTENT and not has_body)
             try:
-                return await self._relay_response(ex, stream, head)
+                await self._relay_response(ex, stream, head)
             finally:
                 stream.close()
         finally:
             self.admission.unclaim(target.node, client)
 
-    async def _relay_response(self, ex: Exchange, stream: Stream, head: wire.Head) -> web.StreamResponse:
+    async def _relay_response(self, ex: Exchange, stream: Stream, head: wire.Head) -> None:
         request, target = ex.request, ex.target
         assert target is not None
         if not 200 <= head.status <= 599:  # agents refuse interim and odd statuses; one that sends them is broken
             stream.reset(wire.ResetCode.PROTOCOL, f"status {head.status} is not a final HTTP status")
             raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the agent sent status {head.status}, not a final HTTP status")
-        resp = _RelayResponse(status=head.status, reason=head.reason or None)
-        out_headers: CIMultiDict[str] = CIMultiDict(filter_headers(head.headers))
-        length = content_length(out_headers.get("Content-Length"))
-        resp.headers.extend(out_headers)
-        resp.headers["X-Raven-Agent"] = header_safe(ex.agent)  # checked at the handshake; never raw in a header
+        headers = filter_headers(head.headers)
+        length = content_length(next((v for n, v in headers if n.lower() == "content-length"), None))
+        out = [(n, v) for n, v in headers if n.lower() != "content-length"]  # the server frames the body
+        out.append(("X-Raven-Agent", header_safe(ex.agent)))  # checked at the handshake; never raw in a header
         no_body = request.method == "HEAD" or head.status in (204, 304)
-        if length is not None:
-            resp.content_length = length
-        elif request.version >= (1, 1) and not no_body:
-            resp.enable_chunked_encoding()
         # Wait for the first body bytes before anything goes to the client: a response that breaks
         # before its body still becomes a clean 502/504 that says why, and the head leaves together
-        # with the first bytes.
+        # with the first bytes, in one write.
         first: bytes | memoryview = b""
         if not no_body:
             try:
                 if stream.readable:  # usually so: HEAD, DATA and FIN of a page come in one message; no timer then
                     first = await stream.read()
                 else:
-                    async with ex.deadline.timeout():
+                    async with request.timeout(ex.deadline.at):
                         first = await stream.read()
             except TimeoutError:
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response body")
@@ -371,62 +351,71 @@ class Proxy:
                 raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
             if not first and length:
                 raise Refusal(Reason.UPSTREAM, f"{ex.via()}: the body ended after 0 of {length} bytes")
-        if self.draining():
-            resp.force_close()  # "Connection: close": a draining replica sends keep-alive clients elsewhere
-        await resp.prepare(request)
-        received = 0
+        # A chunked page that is all here already (its FIN came with it, as usual) goes out with its last chunk
+        # in the same write as its head and body, not in a write of its own.
+        ahead: bytes | memoryview | None = None
+        if first and length is None and stream.readable:
+            try:
+                ahead = await stream.read()
+            except StreamReset as exc:
+                raise Refusal(reset_reason(exc.code), f"{ex.via()}: {exc.reason}") from None
+        received = len(first)
+        ex.received = received
         try:
-            async with ex.deadline.timeout():
-                # Without a body, still wait for the FIN (normally already here) so the stream ends cleanly.
-                chunk = await stream.read() if no_body else first
-                while chunk:
-                    received += len(chunk)
-                    ex.received = received
-                    await self._write(resp, chunk)
-                    chunk = await stream.read()
+            # "Connection: close" while draining: a draining replica sends keep-alive clients elsewhere.
+            await request.send(head.status, head.reason, out, length, bytes(first), self.draining(),
+                               self._until(ex), last=ahead == b"")
+            # Without a body, still wait for the FIN (normally already here) so the stream ends cleanly.
+            chunk = ahead if ahead is not None else await self._read(ex, stream) if no_body or first else b""
+            while chunk:
+                received += len(chunk)
+                ex.received = received
+                await request.write(chunk, self._until(ex))
+                chunk = await self._read(ex, stream)
             if length is not None and not no_body and received != length:
                 raise StreamReset(wire.ResetCode.UPSTREAM_BROKEN,
                                   f"body ended after {received} of {length} bytes", remote=True)
         except (StreamReset, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError) and ex.deadline.left() > 0:  # a write's stall, not the deadline
+                self._stalled(ex, stream, received)
+                return
             why = exc.reason if isinstance(exc, StreamReset) else "deadline passed mid-body"
             self._log.warning(
                 ex.agent, "broken", "%s %s: response from node %r (pool %r, agent %s) broke after %d bytes: %s; "
                 "closing the client connection so the response is not taken as complete",
                 request.method, path_for_log(target.path), target.node, ex.pool, ex.agent, received, why,
             )
-            self._abort(request)
+            request.abort()
             code = "504" if isinstance(exc, TimeoutError) else "502"
             ex.code, ex.reason = f"broken-{code}", f"response broke after {received} bytes: {why}"
-            return resp
+            return
         except ConnectionError:
             stream.reset(wire.ResetCode.CANCEL, "client went away")
             ex.code, ex.reason = "client-gone", "the client left mid-response"
-            return resp
-        except _ClientStalled:
-            self._stalled(ex, stream, received)
-            return resp
+            return
         try:
-            # The end of the response waits for the client to take what is still buffered (aiohttp drains here
-            # whatever was written before): the same deadline as any write, so a client that stops reading just
-            # before the end cannot hold the stream and its node's slot for ever.
-            async with asyncio.timeout(self.cfg.write_stall_timeout):
-                await resp.write_eof()
+            # The end of the response waits for the client to take what is still buffered: the same deadline as
+            # any write, so a client that stops reading just before the end cannot hold the stream and its
+            # node's slot for ever.
+            await request.end(time.monotonic() + self.cfg.write_stall_timeout)
         except ConnectionError:
             ex.code, ex.reason = "client-gone", "the client left before the end of the response"
-            return resp
+            return
         except TimeoutError:
             self._stalled(ex, stream, received)
-            return resp
+            return
         ex.code, ex.observe = str(head.status), True
-        return resp
 
-    async def _write(self, resp: web.StreamResponse, chunk: bytes | memoryview) -> None:
-        """Write to the client; one that reads nothing for write_stall_timeout is given up on."""
-        try:
-            async with asyncio.timeout(self.cfg.write_stall_timeout):
-                await resp.write(chunk)
-        except TimeoutError:
-            raise _ClientStalled from None
+    def _until(self, ex: Exchange) -> float:
+        """How long a write may wait for the client: write_stall_timeout, within the request's deadline."""
+        return min(ex.deadline.at, time.monotonic() + self.cfg.write_stall_timeout)
+
+    @staticmethod
+    async def _read(ex: Exchange, stream: Stream) -> bytes | memoryview:
+        if stream.readable:  # already here: no timer
+            return await stream.read()
+        async with ex.request.timeout(ex.deadline.at):
+            return await stream.read()
 
     def _stalled(self, ex: Exchange, stream: Stream, received: int) -> None:
         """The client read none of its response for write_stall_timeout: reset the stream, close the connection."""
@@ -437,20 +426,13 @@ class Proxy:
                           "%s %s: client %s read none of the response from node %r for %.0fs after %d bytes: "
                           "stream reset, connection closed", request.method, path_for_log(target.path),
                           request.remote, target.node, self.cfg.write_stall_timeout, received)
-        self._abort(request)
+        request.abort()  # a reset: a broken response must never read as complete
         ex.code, ex.reason = "client-stalled", "the client stopped reading"
         self.metrics.front_refused.labels(Reason.WRITE_STALL.label).inc()
 
-    @staticmethod
-    def _abort(request: web.BaseRequest) -> None:
-        """Reset the client connection: a broken response must never read as complete (a plain close would end
-        an HTTP/1.0 body, delimited by the close, as if it were whole)."""
-        if request.transport is not None:
-            reset_connection(request.transport)
-
     # ------------------------------------------------------------ CONNECT
 
-    async def _connect(self, ex: Exchange) -> web.StreamResponse:
+    async def _connect(self, ex: Exchange) -> None:
         request, target = ex.request, ex.target
         assert target is not None
         client = request.remote or "?"
@@ -470,20 +452,19 @@ class Proxy:
                 transport = request.transport
                 if transport is None:
                     ex.code, ex.reason = "client-gone", "the client left before the tunnel opened"
-                    return web.Response(status=499)
+                    return
                 transport.write(b"HTTP/1.1 200 Connection established\r\nX-Raven-Agent: " +
                                 header_safe(ex.agent).encode("ascii") + b"\r\n\r\n")
                 self._log.info(client, "connect", "CONNECT %s:%d from %s via agent %s (pool %s)", target.node,
                                target.port, client, ex.agent, ex.pool)
                 ex.code = "200"  # the tunnel is open: however the relay ends, the request is counted as such
-                ex.sent, ex.received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout, self.guard,
+                ex.sent, ex.received = await relay_tcp(request, stream, self.cfg.connect_idle_timeout,
                                                         self.cfg.write_stall_timeout)
                 ex.code, ex.observe = "200", True
                 if transport.get_write_buffer_size():
-                    self._abort(request)  # the client stopped reading: a close would wait for it for ever
+                    request.abort()  # the client stopped reading: a close would wait for it for ever
                 else:
                     transport.close()
-                return web.Response(status=200)
             finally:
                 stream.close()
         finally:

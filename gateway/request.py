@@ -11,9 +11,10 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
-from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from raven.protocol import wire
 from raven.refusals import Reason, Refusal
@@ -50,6 +51,19 @@ def check_header_block(headers: wire.Headers, limits: wire.Limits) -> None:
         raise Refusal(Reason.HEADERS_TOO_LARGE, f"request headers take {size} bytes, limit {limits.max_header_bytes}")
 
 
+class RequestLine(Protocol):
+    """What the target is read from: a front-end request (raven/http/call.py's, or aiohttp's)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def raw_path(self) -> str: ...
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     node: str
@@ -76,7 +90,7 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
     return node, port
 
 
-def parse_target(request: web.BaseRequest) -> Target:
+def parse_target(request: RequestLine) -> Target:
     """Find the node and port: CONNECT authority, absolute URI, or Host header."""
     raw = request.raw_path
     if request.method == "CONNECT":

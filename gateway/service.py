@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.auth import FrontAuth, TokenSet
 from gateway.backfill import Backfill
+from gateway.frontserver import front_server
 from gateway.layer3 import GatewayLayer3
 from gateway.opsapi import OpsApi
 from gateway.pools import Pools
@@ -32,7 +33,6 @@ from raven.config.reload import Reloader, take_over
 from raven.dns.hosts import NAMES_ROOM
 from raven.dns.publisher import HostsPublisher, file_sink
 from raven.hostport import split_host_port
-from raven.http import parsererrors
 from raven.http.guard import ConnectionGuard, GuardLimits
 from raven.http.listener import GuardedSite, descriptor_budget, guarded_handler
 from raven.ops import gcpause
@@ -357,16 +357,7 @@ class Gateway:
         host, port = split_host_port(self.cfg.tunnel.listen)
         await GuardedSite(tunnel_runner, host, port, self.tunnel_guard, ssl_context=self.reloader.listener).start()
 
-        front = web.Server(
-            guarded_handler(self.front_guard, self._front_handle),
-            logger=parsererrors.install("raven.gateway.http"),
-            max_line_size=self.cfg.front.max_header_bytes,
-            max_field_size=self.cfg.front.max_header_bytes,
-            handler_cancellation=True,
-            # A backstop only: the guard closes idle connections at front.idle_timeout.
-            keepalive_timeout=self.cfg.front.idle_timeout + self.cfg.front.head_timeout,
-        )
-        front_runner = web.ServerRunner(front, access_log=None, shutdown_timeout=2.0)
+        front_runner = front_server(self.cfg.front, self.front_guard, self.proxy.handle, lambda: self.draining)
         await front_runner.setup()
         self._runners.append(front_runner)
         for listen in (self.cfg.front.listen, *self.cfg.front.also_listen):
@@ -403,13 +394,6 @@ class Gateway:
             self.cfg.tunnel.listen, self.cfg.tunnel.path, self.cfg.front.listen,
             ",".join(map(str, self.cfg.front.allowed_ports)), self.cfg.metrics_listen,
         )
-
-    async def _front_handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The front end's handler: the proxy's, and while draining every answer closes its connection."""
-        resp = await self.proxy.handle(request)
-        if self.draining:
-            resp.force_close()  # not prepared yet: "Connection: close" in its head; else a close after it
-        return resp
 
     async def drain(self) -> None:
         """Stop being ready, stop admitting, let everything in flight finish, and only then close sessions.

@@ -1,6 +1,6 @@
 """CONNECT: relay a client connection's raw bytes through a tunnel stream, both ways, until either side ends.
 
-After the ``200 Connection established`` the client connection is taken over from aiohttp's HTTP parser; the
+After the ``200 Connection established`` the client connection is taken over from the HTTP parser; the
 relay waits for transport flow control (no polling) and ends a tunnel idle for ``idle`` seconds or a client
 that reads nothing for ``stall`` seconds.
 """
@@ -11,17 +11,15 @@ import asyncio
 import contextlib
 import logging
 
-from aiohttp import web
-
 from raven.aio import cancel_and_wait
-from raven.http.guard import ConnectionGuard
+from raven.http.call import ServerCall
 from raven.transport.tunnel import Stream, StreamReset
 
 log = logging.getLogger("raven.gateway.proxy")
 
 
 class _TunnelFeeder:
-    """Takes over the client connection's bytes after CONNECT (aiohttp's payload parser hook)."""
+    """Takes over the client connection's bytes after CONNECT (:meth:`~raven.http.call.ServerCall.take_over`)."""
 
     HIGH = 256 * 1024
 
@@ -56,14 +54,12 @@ class _TunnelFeeder:
         return out
 
 
-async def relay_tcp(
-    request: web.BaseRequest, stream: Stream, idle: float, guard: ConnectionGuard, stall: float
-) -> tuple[int, int]:
+async def relay_tcp(request: ServerCall, stream: Stream, idle: float, stall: float) -> tuple[int, int]:
     transport = request.transport
     assert transport is not None
     loop = asyncio.get_running_loop()
     feeder = _TunnelFeeder(transport)
-    request.protocol.set_parser(feeder)  # type: ignore[arg-type]
+    request.take_over(feeder)
     counts = [0, 0]
     last = [loop.time()]  # activity in either direction keeps the tunnel alive
 
@@ -85,7 +81,7 @@ async def relay_tcp(
             last[0] = loop.time()
             try:
                 async with asyncio.timeout(stall):  # the transport paused writing: wait until the client reads
-                    await guard.drained(request)
+                    await request.drained()
             except TimeoutError:
                 raise ConnectionResetError(f"the client read nothing for {stall:.0f}s") from None
 

@@ -88,6 +88,8 @@ class GatewayFront(Model):
     connect_idle_timeout: Seconds = Field(60.0, description="CONNECT tunnels idle longer than this are closed")
     max_streams_per_node: int = Field(64, ge=1, description="requests in flight to one node, from all clients")
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    server: Literal["lean", "aiohttp"] = Field(
+        "lean", description="the front port's HTTP server: lean (llhttp, raven/http/h1server.py) or aiohttp's")
     allowed_methods: list[Method] = Field(
         default_factory=lambda: ["GET", "HEAD"],
         description="HTTP methods passed to nodes (Prometheus only sends GET); others get 405 with an Allow header",
@@ -329,6 +331,6 @@ class GatewayConfig(Model):
 # where the hosts file goes. A reload that changes them says so and keeps the old values until a restart.
 RESTART_ONLY = (
     "replica_id", "replicas", "tunnel.listen", "tunnel.path", "front.listen", "front.also_listen", "front.tls",
-    "front.fd_reserve", "front.max_header_bytes", "metrics_listen", "tls", "limits", "kubernetes", "hosts.file",
-    "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval", "backfill",
+    "front.fd_reserve", "front.max_header_bytes", "front.server", "metrics_listen", "tls", "limits", "kubernetes",
+    "hosts.file", "hosts.configmap", "hosts.lease", "hosts.shards", "config_watch_interval", "backfill",
 )

@@ -46,21 +46,29 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 
+from raven.http.clock import Clock
 from raven.http.eviction import Eviction
 from raven.http.quiet import parked, unread_bytes
 from raven.http.readbuffer import READ_BUFFER, read_buffer
 from raven.lograte import RateLimitedLog
 
-__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler"]
+__all__ = ["GROWTH_STEP", "READ_BUFFER", "ConnectionGuard", "GuardLimits", "Handler", "OnConnection"]
 
 log = logging.getLogger("raven.http.guard")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class OnConnection(Protocol):
+    """A request as the guard sees it: which connection it came on (aiohttp's, or raven/http/call.py's)."""
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +118,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     """
 
     __slots__ = ("_admitted", "_buffered", "_client", "_evicted", "_guard", "_inner", "_over", "_phase",
-                 "_preadmitted", "_proven", "_settle_by", "_timer", "_transport")
+                 "_preadmitted", "_proven", "_settle_by", "_transport", "clock")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, client: str | None = None,
                  over: bool = False) -> None:
@@ -121,7 +129,8 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._preadmitted = client is not None
         self._client = client or "?"
         self._phase = _HEAD
-        self._timer: asyncio.TimerHandle | None = None
+        # Every deadline of the connection, the guard's and the handler's (raven/http/h1server.py): one timer.
+        self.clock = Clock(asyncio.get_running_loop())
         self._admitted = False
         self._proven = False
         self._over = over  # admitted beyond max_connections: its first request is refused
@@ -175,9 +184,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.clock.close()
         if not self._admitted:
             return
         self._admitted = False
@@ -207,9 +214,7 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
     # ---------------------------------------------------------------- phases
 
     def _arm(self, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._expired)
+        self.clock.after(delay, self._expired)
 
     def busy(self) -> None:
         self._phase = _BUSY
@@ -217,12 +222,15 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
         self._settle_by = 0.0
         if self._guard._eviction is not None and not self._evicted:
             self._guard._eviction.busy(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.clock.clear()
 
-    def idle(self) -> None:
-        if self._phase == _BUSY and self._admitted:
+    def idle(self, owes_head: bool = False) -> None:
+        """The request was answered; ``owes_head``: the next one has begun to arrive (pipelined)."""
+        if self._phase == _BUSY and self._admitted and owes_head:
+            self._phase = _HEAD
+            self._arm(self._guard.limits.head_timeout)
+            self._waiting(head=True)
+        elif self._phase == _BUSY and self._admitted:
             self._phase = _IDLE
             limits = self._guard.limits
             # An unproven connection has sent only failed requests: it may not sit idle for long.
@@ -234,7 +242,6 @@ class _GuardedProtocol(asyncio.BufferedProtocol):
             self._guard._eviction.waiting(self, asyncio.get_running_loop().time(), head)
 
     def _expired(self) -> None:
-        self._timer = None
         transport = self._transport
         if transport is None:
             return
@@ -418,7 +425,7 @@ class ConnectionGuard:
             self._empty_waiters.append(fut)
             await fut
 
-    def vouch(self, request: web.BaseRequest) -> tuple[str, str] | None:
+    def vouch(self, request: OnConnection) -> tuple[str, str] | None:
         """The handler vouches for ``request``'s connection (it presented valid credentials): make it proven.
 
         Returns None when the connection is proven (or not guarded here), else why it may not be served, as
@@ -452,7 +459,10 @@ class ConnectionGuard:
                 self.on_grown()
         return None
 
-    def proven(self, request: web.BaseRequest) -> bool:
+    def connection(self, transport: asyncio.BaseTransport) -> _GuardedProtocol | None:
+        return self._conns.get(transport)
+
+    def proven(self, request: OnConnection) -> bool:
         conn = self._conns.get(request.transport) if request.transport is not None else None
         return conn is None or conn._proven
 
@@ -466,18 +476,18 @@ class ConnectionGuard:
         """The accept loop could not take a connection (out of descriptors, or reset before the accept)."""
         self._log.warning("accept", "accept", "%s: accept failed: %s", self.name, exc)
 
-    async def drained(self, request: web.BaseRequest) -> None:
+    async def drained(self, request: OnConnection) -> None:
         """Wait until ``request``'s connection can take more writes (for connections taken over, e.g. CONNECT)."""
         conn = self._conns.get(request.transport) if request.transport is not None else None
         if conn is not None:
             await conn.drained()
 
-    def request_started(self, request: web.BaseRequest) -> None:
+    def request_started(self, request: OnConnection) -> None:
         conn = self._conns.get(request.transport) if request.transport is not None else None
         if conn is not None:
             conn.busy()
 
-    def request_finished(self, request: web.BaseRequest) -> None:
+    def request_finished(self, request: OnConnection) -> None:
         conn = self._conns.get(request.transport) if request.transport is not None else None
         if conn is not None:
             conn.idle()

@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.web_runner import BaseRunner, BaseSite
 
 from raven.http.guard import ConnectionGuard, Handler
+from raven.http.h1server import LeanServer
 
 log = logging.getLogger("raven.http.listener")
 
@@ -126,6 +127,26 @@ class GuardedSite(BaseSite):
             self._sock.close()
             self._sock = None
         await super().stop()
+
+
+class LeanRunner(BaseRunner):
+    """Runs a :class:`~raven.http.h1server.LeanServer` on :class:`GuardedSite` s, as aiohttp's ServerRunner runs
+    its ``Server`` (the sites ask the runner for the protocol factory; cleanup closes the connections)."""
+
+    __slots__ = ("_lean",)
+
+    def __init__(self, server: LeanServer, shutdown_timeout: float) -> None:
+        super().__init__(shutdown_timeout=shutdown_timeout)
+        self._lean = server
+
+    async def shutdown(self) -> None:
+        pass  # the server's own shutdown (called by cleanup) ends the requests and connections
+
+    async def _make_server(self) -> web.Server:
+        return self._lean  # type: ignore[return-value]  # the same three methods: __call__, pre_shutdown, shutdown
+
+    async def _cleanup_server(self) -> None:
+        pass
 
 
 def descriptor_budget(reserve: int) -> int:

@@ -77,3 +77,18 @@ def install(*names: str) -> logging.Logger:
         if not any(isinstance(f, ParserErrorLines) for f in logger.filters):
             logger.addFilter(ParserErrorLines())
     return logger
+
+
+class MalformedLines:
+    """The same line for the lean server (raven/http/h1server.py), which reports a refused request itself:
+    ``request from CLIENT not handled: REASON``, at most one per client a minute."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self._log = logging.getLogger("raven.http")
+        self._limit = RateLimitedLog(self._log, interval=interval)
+
+    def __call__(self, client: str, reason: str) -> None:
+        suppressed = self._limit.allow(client, "malformed")
+        if suppressed is not None:
+            self._log.warning("request from %s not handled: %s%s", client, reason[:200],
+                              self._limit.suffix(client, suppressed))

@@ -46,8 +46,12 @@ def parked(protocol: asyncio.BaseProtocol) -> bool:
     request queued; while it still sends the last answer, or holds a request read meanwhile, there is no such
     waiter or it is done. aiohttp's own keep-alive timer closes a connection only in this state
     (``RequestHandler._process_keepalive``); tests/integration/test_listener_drain.py holds it to that. A
-    protocol without that loop is taken as parked: the guard's phase alone tells.
+    protocol without that loop is taken as parked: the guard's phase alone tells. The lean server's protocol
+    (raven/http/h1server.py) says it itself (``quiet()``).
     """
+    quiet = getattr(protocol, "quiet", None)
+    if quiet is not None:
+        return bool(quiet())
     if not hasattr(protocol, "_waiter"):
         return True
     waiter: asyncio.Future[None] | None = protocol._waiter

@@ -256,7 +256,10 @@ async def test_front_end_over_mutual_tls(tmp_path: Path) -> None:
     node = SimNode("mtls-1", HOSTS[2], port)
     exporter = SimExporter([node])
     await exporter.start()
-    cluster = LocalCluster(tmp_path, [PoolSpec("pool-m", [node], agents=1)], allowed_ports=[port])
+    seen: list[dict[str, str]] = []
+    echo = await start_echo(HOSTS[3], port, seen)  # what the node is told of the client's connection
+    cluster = LocalCluster(tmp_path, [PoolSpec("pool-m", [node, SimNode("mtls-echo", HOSTS[3], port)], agents=1)],
+                           allowed_ports=[port])
     cluster.make_pki()
     certs = cluster.certs
     cluster.gateway_settings = {"front": {"tls": {"cert": str(certs / "raven-gateway.pem"),
@@ -274,6 +277,10 @@ async def test_front_end_over_mutual_tls(tmp_path: Path) -> None:
             async with http.get(url, headers=headers, ssl=with_cert, server_hostname="raven-gateway") as resp:
                 assert resp.status == 200
                 assert 'Hostname="mtls-1"' in await resp.text()
+            async with http.get(url, headers={"Host": f"mtls-echo:{port}"}, ssl=with_cert,
+                                server_hostname="raven-gateway") as resp:
+                assert resp.status == 200
+            assert {k.lower(): v for k, v in seen[-1].items()}["x-forwarded-proto"] == "https"
             without = ssl.create_default_context(cafile=str(certs / "ca.pem"))
             with pytest.raises(aiohttp.ClientError):
                 async with http.get(url, headers=headers, ssl=without, server_hostname="raven-gateway") as resp:
@@ -281,3 +288,4 @@ async def test_front_end_over_mutual_tls(tmp_path: Path) -> None:
     finally:
         await cluster.close()
         await exporter.close()
+        await echo.cleanup()

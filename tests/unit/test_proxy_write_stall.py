@@ -14,6 +14,7 @@ from unittest import mock
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.admission import Exchange
+from gateway.aiocall import AiohttpCall
 from gateway.proxy import Proxy
 from gateway.registry import Registry
 from gateway.request import Target
@@ -92,7 +93,7 @@ def exchange(writer: Writer) -> tuple[Exchange, mock.Mock]:
     transport.get_extra_info.return_value = None
     request = make_mocked_request("GET", "/metrics", headers={"Host": "edge-1:9400"}, writer=writer,
                                   transport=transport)
-    ex = Exchange(request, time.monotonic())
+    ex = Exchange(AiohttpCall(request), time.monotonic())
     ex.target = Target("edge-1", 9400, "/metrics", wire.StreamKind.HTTP)
     ex.node, ex.pool, ex.agent = "edge-1", "pool-a", "agent-1"
     ex.deadline = Deadline.after(30)
