@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from raven.protocol import wire
 from tests.support.agentpeer import Peer
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.polling import eventually
+from tests.support.wsframes import raw_frame
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -66,17 +66,8 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
 
 
 def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True, length: int | None = None) -> bytes:
-    """A client's frame written by hand (masked with a zero key, so the payload reads as written)."""
-    n = len(payload) if length is None else length
-    b0 = (0x80 if fin else 0) | opcode
-    m = 0x80 if mask else 0
-    if n < 126:
-        head = struct.pack("!BB", b0, n | m)
-    elif n < 65536:
-        head = struct.pack("!BBH", b0, 126 | m, n)
-    else:
-        head = struct.pack("!BBQ", b0, 127 | m, n)
-    return head + (b"\0\0\0\0" if mask else b"") + payload
+    """A client's frame written by hand (masked, as a client's must be, unless it is the rule being broken)."""
+    return raw_frame(opcode, payload, fin=fin, mask=mask, length=length)
 
 
 def transport_of(ws: aiohttp.ClientWebSocketResponse) -> asyncio.Transport:

@@ -32,28 +32,9 @@ from raven.protocol.wsframe import (
     WebSocketError,
     mask_python,
 )
+from tests.support.wsframes import raw_frame
 
 MAX = 1 << 16
-
-
-def raw_frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = False, rsv: int = 0,
-              length: int | None = None) -> bytes:
-    """A frame built by hand, so that it can break the rules."""
-    n = len(payload) if length is None else length
-    b0 = (0x80 if fin else 0) | rsv | opcode
-    m = 0x80 if mask else 0
-    if n < 126:
-        head = struct.pack("!BB", b0, n | m)
-    elif n < 65536:
-        head = struct.pack("!BBH", b0, 126 | m, n)
-    else:
-        head = struct.pack("!BBQ", b0, 127 | m, n)
-    if not mask:
-        return head + payload
-    key = os.urandom(4)
-    body = bytearray(payload)
-    websocket_mask(key, body)
-    return head + key + bytes(body)
 
 
 def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
