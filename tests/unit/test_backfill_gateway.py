@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import exposition, remotewrite
-from gateway.backfill import Builder
+from gateway.catchupbuild import Builder
 from gateway.rwclient import Receivers
 from raven.backfill import pages
 from raven.config.backfill import GatewayBackfill, Receiver
