@@ -199,6 +199,9 @@ class Backfill:
                 for pool, b in sorted(self.puller.backlogs.items())}
 
     async def start(self) -> None:
+        if self.cfg.switch_interval is not None:
+            log.warning("backfill.switch_interval is deprecated and ignored: the catch-up's parsing runs in a worker "
+                        "process, and the interpreter's switch interval is left alone (docs/backfill.md)")
         if self.off_reason:
             log.info("backfill is off: %s", self.off_reason)
             return

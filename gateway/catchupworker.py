@@ -42,6 +42,7 @@ from raven.protocol import backfill as bf
 NICENESS: Final = 10  # the worker's CPU priority below the gateway's (nice(2)): the live path first
 MAX_BATCHES: Final = 64  # batches a worker holds (the gateway has at most backfill.concurrency + 1 under way)
 STOP_GRACE: Final = 2.0  # seconds a stopping worker has to finish its step before it is killed
+START_TIME: Final = 30.0  # seconds a new worker has to start (an interpreter and its imports), beyond the deadline
 T = TypeVar("T")
 
 
@@ -143,6 +144,7 @@ class CatchupWorker:
         self.generation = 0  # worker processes lost so far (the batches a lost one held are lost with it)
         self._pool: ProcessPoolExecutor | None = None
         self._process: BaseProcess | None = None
+        self._ready = False  # the worker answered a call (it has started)
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -163,6 +165,8 @@ class CatchupWorker:
         if pool is None:
             pool = self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), initializer=_init,
                                                     initargs=(self.niceness,))
+            self._ready = False
+        deadline = self.deadline if self._ready else self.deadline + START_TIME
         try:
             fut = pool.submit(fn, *args)
         except BrokenProcessPool:
@@ -170,8 +174,10 @@ class CatchupWorker:
         if self._process is None:  # started by this first submit
             self._process = next(iter(pool._processes.values()), None)  # no public handle before 3.14
         try:
-            async with asyncio.timeout(self.deadline):
-                return await asyncio.wrap_future(fut)
+            async with asyncio.timeout(deadline):
+                got = await asyncio.wrap_future(fut)
+            self._ready = self._ready or pool is self._pool
+            return got
         except TimeoutError:
             raise self._lost(pool, f"a step of the build took longer than {self.deadline:g} s (build_timeout): "
                              "the worker process was killed", kill=True) from None
