@@ -85,7 +85,7 @@ async def bed(batch_bytes: int = 1 << 20, **settings: object) -> AsyncIterator[B
     await receiver.start()
     gw, ag, tasks = await pair(on_open)
     cfg = GatewayBackfill(receivers=[Receiver(url=receiver.url)], jobs={PORT: "edge-dcgm"}, poll_interval=0.2,
-                          retry_max=0.2, **settings)  # type: ignore[arg-type]
+                          retry_max=0.2, **settings)
     registry = Registry()
     for node in NODES:
         registry.nodes[node] = NodeEntry(node, "10.0.0.1", "pool-a")
