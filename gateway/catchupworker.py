@@ -26,6 +26,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -74,6 +75,15 @@ _batches: dict[int, list[bf.Entry] | Builder] = {}  # batch id -> its entries, t
 def _init(niceness: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at the gateway's terminal is the gateway's to handle
     os.nice(niceness)
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # the worker holds its queue's both ends: a dead gateway is no end of input to it
+        threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _end_with(parent: BaseProcess) -> None:
+    """End this process when ``parent`` (the gateway) has ended, even killed."""
+    multiprocessing.connection.wait([parent.sentinel])
+    os._exit(1)
 
 
 def _decode(batch: int, body: bytes, max_entry: int, max_body: int) -> Decoded:

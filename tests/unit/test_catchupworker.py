@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -46,6 +47,26 @@ def _cached_targets() -> int:
 def _gone(pid: int) -> bool:
     """No such process (ended and reaped: not even a zombie)."""
     return not os.path.exists(f"/proc/{pid}")
+
+
+def _ended(pid: int) -> bool:
+    """Ended: gone, or a zombie (one whose parent was killed waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+GATEWAY = """
+import asyncio, os
+from gateway.catchupworker import CatchupWorker
+async def main():
+    worker = CatchupWorker(30.0)
+    print(await worker.call(os.getpid), flush=True)
+    await asyncio.sleep(120)
+asyncio.run(main())
+"""
 
 
 @dataclass
@@ -169,3 +190,17 @@ async def test_stopping_leaves_no_child_process(hung: bool) -> None:
         await eventually(lambda: _gone(pid), 10, "the worker process ended")
         with pytest.raises(catchupworker.WorkerLost, match="stopping"):
             await b.worker.call(_cached_targets)
+
+
+async def test_a_gateway_killed_outright_takes_its_worker_with_it() -> None:
+    """SIGKILL gives the gateway no time to stop its worker: the worker sees it gone and ends."""
+    gateway = await asyncio.create_subprocess_exec(sys.executable, "-c", GATEWAY, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert gateway.stdout is not None
+        async with asyncio.timeout(60):
+            pid = int(await gateway.stdout.readline())
+        assert pid != gateway.pid and not _ended(pid)
+    finally:
+        gateway.kill()
+        await gateway.wait()
+    await eventually(lambda: _ended(pid), 10, "the worker of a killed gateway ended")
