@@ -57,7 +57,7 @@ class GatewayBackfill(Model):
     cpu_share: float = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the share of one core the catch-up's "
                              "worker process may take: after each request it builds the gateway waits so that building "
                              "takes at most this share of the time (lower: live scrapes feel less of it; the catch-up "
-                             "takes longer)")
+                             "takes longer; 1: unpaced, only the worker's lower CPU priority spares live scrapes)")
     build_timeout: Seconds = Field(60.0, description="deadline of one step of the catch-up's worker process "
                                    "(decoding a batch, or building one request of it): past it the worker is killed "
                                    "and started again, and the batch is asked for again")
