@@ -8,6 +8,7 @@ hangs."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import os
 import signal
@@ -56,6 +57,20 @@ def _ended(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The process's children: pid -> command line."""
+    out: dict[int, str] = {}
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        with open(path) as f:
+            for child in f.read().split():
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                        out[int(child)] = cmd.read().replace(b"\0", b" ").decode()
+                except FileNotFoundError:
+                    pass
+    return out
 
 
 GATEWAY = """
@@ -188,6 +203,8 @@ async def test_stopping_leaves_no_child_process(hung: bool) -> None:
         await b.backfill.stop()
         assert time.monotonic() - started < catchupworker.STOP_GRACE + 2
         await eventually(lambda: _gone(pid), 10, "the worker process ended")
+        # What is left of multiprocessing is its resource tracker (one for the process's life), no worker.
+        assert not [cmd for cmd in _children(os.getpid()).values() if "spawn_main" in cmd]
         with pytest.raises(catchupworker.WorkerLost, match="stopping"):
             await b.worker.call(_cached_targets)
 
@@ -200,7 +217,9 @@ async def test_a_gateway_killed_outright_takes_its_worker_with_it() -> None:
         async with asyncio.timeout(60):
             pid = int(await gateway.stdout.readline())
         assert pid != gateway.pid and not _ended(pid)
+        children = _children(gateway.pid)  # the worker, and multiprocessing's resource tracker
+        assert pid in children and len(children) == 2, children
     finally:
         gateway.kill()
         await gateway.wait()
-    await eventually(lambda: _ended(pid), 10, "the worker of a killed gateway ended")
+    await eventually(lambda: all(_ended(child) for child in children), 10, "the children of a killed gateway ended")
