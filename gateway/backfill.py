@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.catchupbuild import BuildSettings
-from gateway.catchupworker import CatchupWorker, WorkerLost
+from gateway.catchupworker import CatchupWorker, Step, WorkerLost
 from gateway.registry import AgentSession, Registry
 from gateway.rwclient import Receivers
 from raven.config.backfill import GatewayBackfill
@@ -116,23 +116,8 @@ class BackfillPuller:
                     chunks.append(bytes(chunk))
         finally:
             stream.close()
-        batch = self.worker.batch()
-        try:
-            got = await batch.decode(b"".join(chunks), self.cfg.max_page, self.cfg.max_batch)
-            del chunks
-            self.on_received(got.scrapes)
-            async with self._slots:
-                step = await batch.build(self.settings, self.pools_of(s, got.nodes), int(time.time() * 1000))
-                while (req := step.request) is not None:
-                    if self.cfg.cpu_share < 1:  # the worker's share of a core: live scrapes need the rest
-                        await asyncio.sleep(step.cpu * (1 / self.cfg.cpu_share - 1))
-                    refused = await self.receivers.write(req.body, req.parts)
-                    if refused:
-                        self.on_dropped("refused", refused)
-                    self.on_written(len(req.parts) - refused)
-                    step = await batch.next()
-        finally:
-            batch.close()
+        async with self._slots:  # so the worker holds at most `concurrency` batches
+            step = await self._write(s, chunks)
         for reason, n in step.dropped.items():
             self.on_dropped(reason, n)
         if step.dropped:
@@ -140,6 +125,29 @@ class BackfillPuller:
                               s.agent, ",".join(sorted(s.pools)),
                               ", ".join(f"{n} ({r})" for r, n in sorted(step.dropped.items())))
         return step.last_seq or ack
+
+    async def _write(self, s: AgentSession, chunks: list[bytes]) -> Step:
+        """The batch (its body's ``chunks``, taken) decoded, checked and built in the worker, and written: the
+        last step."""
+        batch = self.worker.batch()
+        body = b"".join(chunks)
+        chunks.clear()
+        try:
+            got = await batch.decode(body, self.cfg.max_page, self.cfg.max_batch)
+            del body  # the worker has it
+            self.on_received(got.scrapes)
+            step = await batch.build(self.settings, self.pools_of(s, got.nodes), int(time.time() * 1000))
+            while (req := step.request) is not None:
+                if self.cfg.cpu_share < 1:  # the worker's share of a core: live scrapes need the rest
+                    await asyncio.sleep(step.cpu * (1 / self.cfg.cpu_share - 1))
+                refused = await self.receivers.write(req.body, req.parts)
+                if refused:
+                    self.on_dropped("refused", refused)
+                self.on_written(len(req.parts) - refused)
+                step = await batch.next()
+            return step
+        finally:
+            batch.close()
 
     def _note(self, s: AgentSession, headers: wire.Headers) -> None:
         got = dict(headers)

@@ -41,7 +41,7 @@ from raven.errors import RavenError
 from raven.protocol import backfill as bf
 
 NICENESS: Final = 10  # the worker's CPU priority below the gateway's (nice(2)): the live path first
-MAX_BATCHES: Final = 64  # batches a worker holds (the gateway has at most backfill.concurrency + 1 under way)
+MAX_BATCHES: Final = 64  # batches a worker holds (the gateway has backfill.concurrency under way, at most 64)
 STOP_GRACE: Final = 2.0  # seconds a stopping worker has to finish its step before it is killed
 START_TIME: Final = 30.0  # seconds a new worker has to start (an interpreter and its imports), beyond the deadline
 T = TypeVar("T")

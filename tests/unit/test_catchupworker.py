@@ -223,3 +223,17 @@ async def test_a_gateway_killed_outright_takes_its_worker_with_it() -> None:
         gateway.kill()
         await gateway.wait()
     await eventually(lambda: all(_ended(child) for child in children), 10, "the children of a killed gateway ended")
+
+
+async def test_a_batch_that_does_not_decode_is_refused_with_its_reason_and_the_worker_lives_on() -> None:
+    worker = catchupworker.CatchupWorker(30.0)
+    try:
+        good = bf.encode(bf.Scrape(1, 1, 1, PORT, "n1", b""))
+        for body, why in [(good[:-1], "ends inside an entry"), (b"\x09" + good[1:], "unknown backfill entry type"),
+                          (good * 3, "over 40 bytes")]:
+            with pytest.raises(bf.BackfillError, match=why):
+                await worker.batch().decode(body, 1024, 40)
+        assert (await worker.batch().decode(good, 1024, 40)).scrapes == 1
+        assert worker.generation == 0  # one worker throughout
+    finally:
+        await worker.close()
