@@ -17,7 +17,7 @@ from unittest import mock
 
 from agent.backlog import DEFAULT_BYTE_CAP, Backlog
 from gateway import pagewrite
-from gateway.backfill import Builder
+from gateway.catchupbuild import Builder
 from raven.config.backfill import GatewayBackfill
 from raven.demo.dcgm_page import NodeModel
 from raven.protocol import backfill as bf

@@ -9,8 +9,8 @@ throughout. The receiver first answers 503 (the gateway holds the first request 
 scrapes' p50/p99/max before, during and after the catch-up, the ratios during/normal, and the catch-up's rate.
 
     .venv/bin/python -m bench.bench_catchup [--nodes 200] [--minutes 30] [--interval 15] [--rate 20] \\
-        [--agent-rate 2097152] [--batch-bytes 1048576] [--concurrency 2] [--samples-per-request 2000] \
-        [--cpu-share 0.5] [--switch-interval 0.0005]
+        [--agent-rate 2097152] [--batch-bytes 1048576] [--concurrency 2] [--samples-per-request N] \\
+        [--cpu-share S] [--build-timeout 60]    (the gateway's settings: their defaults unless given)
 
 This is a benchmark, not a test: numbers depend on the machine and what else runs on it.
 """
@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from agent.backlog import Backlog
+from raven.config.backfill import GatewayBackfill
 from raven.demo.dcgm_page import NodeModel
 from raven.demo.launch import LocalCluster, PoolSpec, free_port
 from raven.demo.simexporter import SimExporter, SimNode
@@ -126,7 +127,7 @@ async def run(args: argparse.Namespace) -> None:
                                        "jobs": {port: "edge-dcgm"}, "poll_interval": 1, "retry_max": 2,
                                        "concurrency": args.concurrency,
                                        "samples_per_request": args.samples_per_request,
-                                       "cpu_share": args.cpu_share, "switch_interval": args.switch_interval}},
+                                       "cpu_share": args.cpu_share, "build_timeout": args.build_timeout}},
         agent_settings={"backfill": {"directory": str(work / "backlog"), "rate": args.agent_rate,
                                      "batch_bytes": args.batch_bytes}},
     )
@@ -184,9 +185,12 @@ def main() -> None:
     ap.add_argument("--agent-rate", type=float, default=2 * 1024 * 1024, help="agent backfill.rate (bytes/s)")
     ap.add_argument("--batch-bytes", type=int, default=1024 * 1024, help="agent backfill.batch_bytes")
     ap.add_argument("--concurrency", type=int, default=2, help="gateway backfill.concurrency")
-    ap.add_argument("--samples-per-request", type=int, default=2000, help="gateway backfill.samples_per_request")
-    ap.add_argument("--cpu-share", type=float, default=0.5, help="gateway backfill.cpu_share")
-    ap.add_argument("--switch-interval", type=float, default=0.0005, help="gateway backfill.switch_interval")
+    defaults = GatewayBackfill()
+    ap.add_argument("--samples-per-request", type=int, default=defaults.samples_per_request,
+                    help="gateway backfill.samples_per_request")
+    ap.add_argument("--cpu-share", type=float, default=defaults.cpu_share, help="gateway backfill.cpu_share")
+    ap.add_argument("--build-timeout", type=float, default=defaults.build_timeout,
+                    help="gateway backfill.build_timeout (s)")
     args: Any = ap.parse_args()
     asyncio.run(run(args))
 

@@ -2,32 +2,30 @@
 
 For each agent session a task asks for the backlog on a BACKFILL stream (raven/protocol/backfill.py) every
 ``poll_interval``, and while there is one, batch after batch: each stream acknowledges the batch before it. A
-batch is checked and turned into remote-write requests off the event loop (:func:`build`): only nodes of the
-session's own pool at ports with a job; pages within ``max_page`` that parse (gateway/pagewrite.py); samples
-within ``max_age`` and ``max_future`` of now; the labels the scrape configuration gives the target (job,
-instance, node, pool; a page's own label of that name becomes ``exported_<name>``, as Prometheus does). ``up``
-and the scrape_* series are not written: the live scrapes' ``up == 0`` stays what happened. Every receiver gets
-every request (gateway/rwclient.py: retries with backoff, a 400 split down to the scrape and then dropped and
-counted); only then is the batch acknowledged. The tunnel never waits on a receiver: the stream is read whole
-first, and a session with a batch in writing is simply not asked again until it is written.
+batch is decoded, checked and turned into remote-write requests in the catch-up's worker process
+(gateway/catchupworker.py, gateway/catchupbuild.py: only nodes of the session's own pool at ports with a job;
+pages within ``max_page`` that parse; samples within ``max_age`` and ``max_future`` of now; the labels the scrape
+configuration gives the target). ``up`` and the scrape_* series are not written: the live scrapes' ``up == 0``
+stays what happened. Every receiver gets every request (gateway/rwclient.py: retries with backoff, a 400 split
+down to the scrape and then dropped and counted); only then is the batch acknowledged. The tunnel never waits on a
+receiver: the stream is read whole first, and a session with a batch in writing is simply not asked again until
+it is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway import exposition, pagewrite, remotewrite
+from gateway.catchupbuild import BuildSettings
+from gateway.catchupworker import CatchupWorker, Step, WorkerLost
 from gateway.registry import AgentSession, Registry
 from gateway.rwclient import Receivers
-from raven.backfill import pages
 from raven.config.backfill import GatewayBackfill
 from raven.lograte import RateLimitedLog
 from raven.protocol import backfill as bf
@@ -37,7 +35,6 @@ from raven.protocol.stream import StreamReset
 log = logging.getLogger("raven.gateway.backfill")
 
 HEAD_TIMEOUT = 30.0
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -54,129 +51,30 @@ class Backlog:
         return max(0.0, (self.at * 1000 - self.oldest_ms) / 60_000) if self.scrapes and self.oldest_ms else 0.0
 
 
-@dataclass(slots=True)
-class Request:
-    """One remote-write request: its body (snappy), and each scrape's part of the message (WriteRequest is a
-    repeated field: the parts joined are the message), to write them one by one when a receiver refuses it."""
-
-    body: bytes
-    parts: list[bytes]
-    samples: int
-
-
-def _target_labels(cfg: GatewayBackfill, job: str, node: str, port: int, pool: str) -> dict[str, str]:
-    every = {"job": job, "instance": f"{node}:{port}", "node": node, "pool": pool, "port": str(port)}
-    return {k: every[k] for k in cfg.target_labels}
-
-
-class Builder:
-    """A batch's scrapes, checked, as remote-write requests one at a time (CPU only: :meth:`next` runs off the
-    loop). ``pool_of(node)`` is the node's pool when it is one of the session's own, else None; ``series`` what
-    the targets' earlier pages taught (gateway/pagewrite.py)."""
-
-    def __init__(self, entries: list[bf.Entry], cfg: GatewayBackfill, pool_of: Callable[[str], str | None],
-                 now_ms: int, series: pagewrite.SeriesCache | None = None) -> None:
-        self.cfg = cfg
-        self.series = pagewrite.SeriesCache() if series is None else series
-        self.pool_of = pool_of
-        self.now_ms = now_ms
-        self.dropped: dict[str, int] = {}  # reason -> scrapes
-        self.last_seq = max((e.seq for e in entries if isinstance(e, bf.Scrape)), default=0)
-        self._entries = entries
-        self._at = 0
-        self._keys: dict[int, bytes] = {}
-
-    def _drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-    def next(self) -> Request | None:
-        cfg = self.cfg
-        parts: list[bytes] = []
-        samples = 0
-        while self._at < len(self._entries):
-            e = self._entries[self._at]
-            if isinstance(e, bf.Key):
-                self._at += 1
-                if self.pool_of(e.node) is not None:
-                    try:
-                        self._keys[e.key] = pages.decompress_key(e.blob, cfg.max_page)
-                    except pages.PageError:
-                        pass  # its scrapes are dropped as "bad-page"
-                continue
-            parsed = self._scrape(e)
-            if parsed is None:
-                self._at += 1
-                continue
-            part, n = parsed
-            if parts and samples + n > cfg.samples_per_request:
-                break  # this scrape starts the next request
-            self._at += 1
-            parts.append(part)
-            samples += n
-        if not parts:
-            return None
-        return Request(remotewrite.compress(b"".join(parts)), parts, samples)
-
-    def _scrape(self, e: bf.Scrape) -> tuple[bytes, int] | None:
-        """The scrape's part of a WriteRequest and its samples, or None when it is dropped."""
-        cfg = self.cfg
-        pool = self.pool_of(e.node)
-        job = cfg.jobs.get(e.port)
-        if pool is None:
-            self._drop("node")
-        elif job is None:
-            self._drop("port")
-        elif e.ts_ms > self.now_ms + cfg.max_future * 1000:
-            self._drop("future")
-        elif e.ts_ms < self.now_ms - cfg.max_age * 1000:
-            self._drop("too-old")
-        elif (key := self._keys.get(e.key)) is None:
-            self._drop("bad-page")
-        else:
-            try:
-                page = key if not e.blob else pages.decompress(e.blob, key, cfg.max_page)
-                series = self.series.target(e.node, e.port, _target_labels(cfg, job, e.node, e.port, pool))
-                try:
-                    return pagewrite.encode_page(page, series, e.ts_ms)
-                finally:
-                    self.series.done(e.node, e.port, series)
-            except (pages.PageError, exposition.PageError):
-                self._drop("bad-page")
-        return None
-
-
-def _timed(work: Callable[[], T]) -> tuple[T, float]:
-    """``work()`` and the CPU time this thread spent on it."""
-    start = time.thread_time()
-    return work(), time.thread_time() - start
-
-
 class BackfillPuller:
     """One task per agent session; the service starts it when the session starts and cancels it at its end."""
 
-    def __init__(self, cfg: GatewayBackfill, registry: Registry, receivers: Receivers,
+    def __init__(self, cfg: GatewayBackfill, registry: Registry, receivers: Receivers, worker: CatchupWorker,
                  on_dropped: Callable[[str, int], None], on_written: Callable[[int], None],
                  on_received: Callable[[int], None], on_backlog: Callable[[str, Backlog], None]) -> None:
         self.cfg = cfg
+        self.settings = BuildSettings.of(cfg)
         self.registry = registry
         self.receivers = receivers
+        self.worker = worker
         self.on_dropped = on_dropped
         self.on_written = on_written
         self.on_received = on_received
         self.on_backlog = on_backlog
         self.backlogs: dict[str, Backlog] = {}  # pool -> the latest an agent of it said
         self._slots = asyncio.Semaphore(cfg.concurrency)
-        self._series = pagewrite.SeriesCache()  # what the targets' pages taught, for their next ones
         self._log = RateLimitedLog(log)
 
-    def pool_of(self, s: AgentSession) -> Callable[[str], str | None]:
-        nodes = self.registry.nodes
-
-        def pool(node: str) -> str | None:
-            entry = nodes.get(node)
-            return entry.pool if entry is not None and entry.pool in s.pools else None
-
-        return pool
+    def pools_of(self, s: AgentSession, nodes: list[str]) -> dict[str, str]:
+        """``nodes`` of the session's own pools -> their pool."""
+        known = self.registry.nodes
+        return {node: entry.pool for node in nodes
+                if (entry := known.get(node)) is not None and entry.pool in s.pools}
 
     async def run(self, s: AgentSession) -> None:
         ack = 0
@@ -188,6 +86,10 @@ class BackfillPuller:
                 why = exc.reason if isinstance(exc, StreamReset) else str(exc) or "timed out"
                 self._log.info(s.agent, "backfill", "backfill from agent %s (pools %s) failed: %s", s.agent,
                                ",".join(sorted(s.pools)), why)
+                got = None
+            except WorkerLost as exc:
+                self._log.warning(s.agent, "backfill-worker", "backfill from agent %s (pools %s) not written: %s",
+                                  s.agent, ",".join(sorted(s.pools)), exc)
                 got = None
             if got is None:
                 await asyncio.sleep(self.cfg.poll_interval)
@@ -204,34 +106,48 @@ class BackfillPuller:
             self._note(s, head.headers)
             if head.status != 200:
                 return None
-            dec = bf.Decoder(max_entry=self.cfg.max_page, max_body=self.cfg.max_batch)
-            entries: list[bf.Entry] = []
+            chunks: list[bytes] = []
+            size = 0
             async with asyncio.timeout(self.cfg.timeout + self.cfg.max_batch / 65536):
                 while chunk := await stream.read():
-                    entries += dec.feed(chunk)
-            dec.finish()
+                    size += len(chunk)
+                    if size > self.cfg.max_batch:
+                        raise bf.BackfillError(f"backfill body over {self.cfg.max_batch} bytes")
+                    chunks.append(bytes(chunk))
         finally:
             stream.close()
-        self.on_received(sum(isinstance(e, bf.Scrape) for e in entries))
-        async with self._slots:
-            builder = Builder(entries, self.cfg, self.pool_of(s), int(time.time() * 1000), self._series)
-            while True:
-                req, cpu = await asyncio.to_thread(_timed, builder.next)
-                if req is None:
-                    break
-                if self.cfg.cpu_share < 1:  # the parsing's share of a core: live scrapes need the rest
-                    await asyncio.sleep(cpu * (1 / self.cfg.cpu_share - 1))
+        async with self._slots:  # so the worker holds at most `concurrency` batches
+            step = await self._write(s, chunks)
+        for reason, n in step.dropped.items():
+            self.on_dropped(reason, n)
+        if step.dropped:
+            self._log.warning(s.agent, "backfill-dropped", "backfill from agent %s (pools %s): dropped %s",
+                              s.agent, ",".join(sorted(s.pools)),
+                              ", ".join(f"{n} ({r})" for r, n in sorted(step.dropped.items())))
+        return step.last_seq or ack
+
+    async def _write(self, s: AgentSession, chunks: list[bytes]) -> Step:
+        """The batch (its body's ``chunks``, taken) decoded, checked and built in the worker, and written: the
+        last step."""
+        batch = self.worker.batch()
+        body = b"".join(chunks)
+        chunks.clear()
+        try:
+            got = await batch.decode(body, self.cfg.max_page, self.cfg.max_batch)
+            del body  # the worker has it
+            self.on_received(got.scrapes)
+            step = await batch.build(self.settings, self.pools_of(s, got.nodes), int(time.time() * 1000))
+            while (req := step.request) is not None:
+                if self.cfg.cpu_share < 1:  # the worker's share of a core: live scrapes need the rest
+                    await asyncio.sleep(step.cpu * (1 / self.cfg.cpu_share - 1))
                 refused = await self.receivers.write(req.body, req.parts)
                 if refused:
                     self.on_dropped("refused", refused)
                 self.on_written(len(req.parts) - refused)
-            for reason, n in builder.dropped.items():
-                self.on_dropped(reason, n)
-            if builder.dropped:
-                self._log.warning(s.agent, "backfill-dropped", "backfill from agent %s (pools %s): dropped %s",
-                                  s.agent, ",".join(sorted(s.pools)),
-                                  ", ".join(f"{n} ({r})" for r, n in sorted(builder.dropped.items())))
-        return builder.last_seq or ack
+                step = await batch.next()
+            return step
+        finally:
+            batch.close()
 
     def _note(self, s: AgentSession, headers: wire.Headers) -> None:
         got = dict(headers)
@@ -274,7 +190,8 @@ class Backfill:
         self.metrics = BackfillMetrics(metrics_registry)
         m = self.metrics
         self.receivers = Receivers(cfg, on_request=lambda url, code: m.requests.labels(str(code)).inc())
-        self.puller = BackfillPuller(cfg, registry, self.receivers,
+        self.worker = CatchupWorker(cfg.build_timeout)  # started at the first batch
+        self.puller = BackfillPuller(cfg, registry, self.receivers, self.worker,
                                      on_dropped=lambda reason, n: m.dropped.labels(reason).inc(n),
                                      on_written=m.written.inc, on_received=m.received.inc, on_backlog=self._backlog)
         self.off_reason = "" if cfg.enabled and cfg.receivers else (
@@ -290,12 +207,12 @@ class Backfill:
                 for pool, b in sorted(self.puller.backlogs.items())}
 
     async def start(self) -> None:
+        if self.cfg.switch_interval is not None:
+            log.warning("backfill.switch_interval is deprecated and ignored: the catch-up's parsing runs in a worker "
+                        "process, and the interpreter's switch interval is left alone (docs/backfill.md)")
         if self.off_reason:
             log.info("backfill is off: %s", self.off_reason)
             return
-        # The pages are parsed in a worker thread, in Python: while it runs, the event loop waits for the GIL at
-        # each turn, up to the switch interval (5 ms by default), and a live scrape takes several turns.
-        sys.setswitchinterval(self.cfg.switch_interval)
         problems = await self.receivers.probe()
         if len(problems) == len(self.cfg.receivers):
             not_enabled = all("404" in p for p in problems)
@@ -312,4 +229,5 @@ class Backfill:
             await self.puller.run(s)
 
     async def stop(self) -> None:
+        await self.worker.close()
         await self.receivers.close()

@@ -55,8 +55,13 @@ class GatewayBackfill(Model):
     concurrency: int = Field(2, ge=1, le=64, description="batches being written at once, all sessions together")
     samples_per_request: int = Field(2000, ge=100, le=1_000_000, description="samples in one remote-write request")
     cpu_share: float = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the share of one core the catch-up's "
-                             "parsing may take: after each request it builds it waits so that building takes at most "
-                             "this share of the time (lower: live scrapes feel less of it; the catch-up takes longer)")
-    switch_interval: float = Field(0.0005, ge=0.0001, le=0.005, allow_inf_nan=False, description="the interpreter's "
-                                   "thread switch interval while backfill is on (Python's default 0.005 s): how long "
-                                   "the parsing thread may keep the event loop, and so a live scrape, waiting")
+                             "worker process may take: after each request it builds the gateway waits so that building "
+                             "takes at most this share of the time (lower: live scrapes feel less of it; the catch-up "
+                             "takes longer; 1: unpaced, only the worker's lower CPU priority spares live scrapes)")
+    build_timeout: Seconds = Field(60.0, description="deadline of one step of the catch-up's worker process "
+                                   "(decoding a batch, or building one request of it): past it the worker is killed "
+                                   "and started again, and the batch is asked for again")
+    switch_interval: float | None = Field(None, ge=0.0001, le=0.005, allow_inf_nan=False, description="deprecated "
+                                          "and ignored (the catch-up's parsing no longer runs in the gateway's "
+                                          "process, so the interpreter's thread switch interval is left alone): "
+                                          "accepted so that a file that sets it still loads")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import exposition, remotewrite
-from gateway.backfill import Builder
+from gateway.catchupbuild import Builder
 from gateway.rwclient import Receivers
 from raven.backfill import pages
 from raven.config.backfill import GatewayBackfill, Receiver
@@ -230,3 +230,28 @@ def test_status_and_raven_status_show_each_pools_backlog_and_why_backfill_is_off
     assert "backlog: 12.5 min, 4.5 MB" in render_html(snap)
     inp.backfill = {"off": "no receivers configured (backfill.receivers)", "pools": {}}
     assert "backfill is off: no receivers configured" in render_text(status.build(inp))
+
+
+async def test_the_old_switch_interval_still_loads_is_ignored_and_said_to_be(caplog: pytest.LogCaptureFixture) -> None:
+    """An operator's file that sets backfill.switch_interval keeps loading; the gateway leaves the interpreter's
+    switch interval alone (the parsing left its process: gateway/catchupworker.py) and says so."""
+    import sys
+
+    from prometheus_client import CollectorRegistry
+
+    from gateway.backfill import Backfill
+    from gateway.registry import Registry
+
+    rx = FakeReceiver()
+    await rx.start()
+    before = sys.getswitchinterval()
+    try:
+        cfg = GatewayBackfill(receivers=[Receiver(url=rx.url)], switch_interval=0.0005)
+        bfs = Backfill(cfg, Registry(), CollectorRegistry())
+        await bfs.start()
+        await bfs.stop()
+        assert not bfs.off_reason and sys.getswitchinterval() == before
+        assert "backfill.switch_interval is deprecated and ignored" in caplog.text
+    finally:
+        sys.setswitchinterval(before)
+        await rx.close()

@@ -220,7 +220,7 @@ def test_the_builder_writes_batches_as_the_simple_path_did(monkeypatch: pytest.M
     """Batches as an agent sends them (several nodes, keys resent in each batch, a page that does not parse): the
     same requests, byte for byte, and the same drops, with the gateway's cache kept across the batches."""
     from agent.backlog import Backlog
-    from gateway import backfill
+    from gateway import catchupbuild
     from raven.config.backfill import GatewayBackfill
     from raven.protocol import backfill as bf
 
@@ -241,7 +241,7 @@ def test_the_builder_writes_batches_as_the_simple_path_did(monkeypatch: pytest.M
         out: list[tuple[bytes, list[bytes], int]] = []
         dropped: dict[str, int] = {}
         for entries in batches:
-            b = backfill.Builder(entries, cfg, lambda node: "pool-a", TS + 100_000, series)
+            b = catchupbuild.Builder(entries, cfg, lambda node: "pool-a", TS + 100_000, series)
             while (req := b.next()) is not None:
                 out.append((req.body, req.parts, req.samples))
             for reason, n in b.dropped.items():
