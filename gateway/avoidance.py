@@ -1,14 +1,15 @@
 """Which agent a node's requests should avoid for a while: the one that could not reach it.
 
-Rendezvous selection (gateway/rendezvous.py) sends every request to a node through one agent of its pool. When
-that agent is up but cannot reach the node (its route to the node broke, a firewall on its side, the node's port
-answering only the others) every scrape of the node would fail through it, or take the request's one retry and
-its latency. So a failure of the node *through an agent* (the agent could not connect, the agent's or the
-gateway's deadline passed before the response head) makes the node avoid that agent for a hold that doubles with
-each failure in a row (15 s, 30 s, ... at most 5 minutes); the next agent by weight takes the node's requests
-meanwhile. When the hold has passed, the node's next request tries its own agent again: a success there ends
-the avoidance, a failure holds it off twice as long. An avoided agent is still used when every other agent of
-the pool is avoided or unusable: a node that no agent can reach fails as it would without this.
+Rendezvous selection (gateway/rendezvous.py) sends every request to a node through one agent of its pool. When that
+agent is up but cannot reach the node (its route to the node broke, a firewall on its side, the node's port
+answering only the others) every scrape of the node would fail through it, or take the request's one retry and its
+latency. So a failure of the node *through an agent* (the agent could not connect, the agent's deadline passed, or
+the gateway's did after the agent had the request for at least ``AVOID_AFTER``, before the response head) makes the
+node avoid that agent for a hold that doubles with each failure in a row (15 s, 30 s, ... at most 5 minutes); the
+next agent by weight takes the node's requests meanwhile. When the hold has passed, the node's next request tries
+its own agent again: a success there ends the avoidance, a failure holds it off twice as long. An avoided agent is
+still used when every other agent of the pool is avoided or unusable: a node that no agent can reach fails as it
+would without this.
 
 The node's scrapes then go through the other agent, which therefore relays them and keeps the node through an
 outage (agent/outage.py): the keeping moves with the scrapes, so the node is still kept by one agent.
@@ -16,6 +17,10 @@ outage (agent/outage.py): the keeping moves with the scrapes, so the node is sti
 What an HTTP answer says (a 5xx from the exporter) is not a failure of the path: only the codes that say the
 agent could not reach the node or took too long count. Bounded: at most ``max_entries`` (node, agent) pairs,
 the oldest forgotten first; an entry lives no longer than its hold past its last failure.
+
+Each replica learns from its own requests. After every agent of the pool failed the node (the node itself was
+down), the one whose hold ends first serves it again first, and may keep it until the other's hold ends (at most
+5 minutes) although its own agent works again by then.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ MAX_ENTRIES = 100_000  # (node, agent) pairs: a 10,000-node fleet where every no
 
 # The agent could not reach the node, or the node took too long through it: a fault of that path.
 PATH_FAULTS = frozenset({ResetCode.CONNECT_FAILED, ResetCode.TIMEOUT})
+# The gateway's own deadline counts only when the agent had the request this long without an answer head: a
+# client's tiny scrape timeout (or a budget spent on an earlier attempt) says nothing of the path.
+AVOID_AFTER = 1.0
 
 
 class _Entry:

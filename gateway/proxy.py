@@ -24,7 +24,7 @@ from prometheus_client import Counter, Histogram
 
 from gateway.admission import Admission, Exchange
 from gateway.auth import FrontAuth
-from gateway.avoidance import PATH_FAULTS
+from gateway.avoidance import AVOID_AFTER, PATH_FAULTS
 from gateway.pools import Pools
 from gateway.registry import AgentSession, Registry
 from gateway.request import check_header_block, client_key, content_length, header_safe
@@ -224,6 +224,7 @@ class Proxy:
                 raise Refusal(Reason.BAD_REQUEST, f"request cannot be carried: {exc}") from None
             self.metrics.streams.inc()
             progress = _BodyProgress()
+            asked = 0.0  # when the agent had the whole request and the wait for the node's answer began
             try:
                 if deadline.left() <= 0:
                     raise TimeoutError
@@ -231,6 +232,7 @@ class Proxy:
                 if body:
                     async with request.timeout(min(deadline.at, time.monotonic() + self.cfg.body_timeout)):
                         await self._send_body(request, stream, progress)
+                asked = time.monotonic()
                 async with request.timeout(deadline.at):
                     head = await stream.head()
                 self.registry.avoidance.succeeded(target.node, chosen.agent)
@@ -241,7 +243,8 @@ class Proxy:
                     raise Refusal(Reason.BODY_TIMEOUT, f"the client sent {progress.sent} bytes of its request body for "
                                   f"node {target.node!r} and did not finish it in time") from None
                 stream.reset(wire.ResetCode.TIMEOUT, "gateway deadline passed before the response head")
-                self._avoid(target.node, entry.pool, chosen.agent, "no response head in time")
+                if asked and time.monotonic() - asked >= AVOID_AFTER:  # not a budget spent before it was asked,
+                    self._avoid(target.node, entry.pool, chosen.agent, "no response head in time")  # nor a tiny one
                 raise Refusal(
                     Reason.TIMEOUT,
                     f"node {target.node!r} (pool {entry.pool!r}, agent {chosen.agent}) sent no response head "

@@ -62,8 +62,8 @@ class ParsedRequest:
 class RequestReader:
     """A connection's requests as llhttp parses them: :attr:`ready` holds each head once complete, in order."""
 
-    __slots__ = ("_current", "_fields", "_head_bytes", "_name_seen", "_parser", "_url", "in_head", "max_field",
-                 "max_head", "ready", "tunnel", "upgraded")
+    __slots__ = ("_current", "_fields", "_head_bytes", "_name_seen", "_parser", "_trailer_bytes", "_url", "in_head",
+                 "max_field", "max_head", "ready", "tunnel", "upgraded")
 
     def __init__(self, max_field: int, max_head: int) -> None:
         self.max_field = max_field
@@ -77,36 +77,43 @@ class RequestReader:
         self._fields: list[tuple[bytes, bytes]] = []
         self._name_seen: set[bytes] = set()
         self._head_bytes = 0
+        self._trailer_bytes = 0
         self._current: ParsedRequest | None = None
 
     def feed(self, data: bytes) -> None:
         """Take the connection's next bytes; raises :class:`BadRequest` (the connection ends after its answer)."""
-        if self.tunnel:  # after a CONNECT: the tunnel's bytes, held until the handler takes the connection over
-            if self.upgraded is not None:
-                self.upgraded.tunnel = (self.upgraded.tunnel or b"") + data
-            return
-        if self.in_head or self._current is None:
-            self._head_bytes += len(data)  # counted generously: bytes after the head's end are counted too
-            if self._head_bytes > self.max_head and not self._ends_head(data):
-                raise BadRequest(431, f"request head longer than {self.max_head} bytes")
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as upgrade:
-            offset = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) else len(data)
-            last = self.ready[-1] if self.ready else None
-            if last is None or last.method != "CONNECT":
-                # An Upgrade offer (curl's h2c): answered as the HTTP/1.1 request it also is; llhttp stops at
-                # it, so a new parser reads on.
-                self._parser = httptools.HttpRequestParser(self)
-                self.feed(data[offset:])
+        while True:
+            if self.tunnel:  # after a CONNECT: the tunnel's bytes, held until the handler takes the connection over
+                if self.upgraded is not None:
+                    self.upgraded.tunnel = (self.upgraded.tunnel or b"") + data
                 return
-            self.tunnel = True
-            last.tunnel = data[offset:]
-            self.upgraded = last
-        except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, BadRequest):  # raised by a callback below: llhttp wraps it
-                raise exc.__context__ from None
-            raise BadRequest(400, str(exc) or "malformed request") from None
+            if self.in_head or self._current is None:
+                self._head_bytes += len(data)  # counted generously: bytes after the head's end are counted too
+                if self._head_bytes > self.max_head and not self._ends_head(data):
+                    raise BadRequest(431, f"request head longer than {self.max_head} bytes")
+            try:
+                self._parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                offset = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) else len(data)
+                last = self.ready[-1] if self.ready else None
+                if last is None or last.method != "CONNECT":
+                    # An Upgrade offer (curl's h2c): answered as the HTTP/1.1 request it also is. llhttp stops at
+                    # its head and skips a body it has: that body would be read as the next request (smuggled
+                    # past a proxy that frames by Content-Length), so an offer with a body is refused.
+                    if last is not None and last.has_body:
+                        raise BadRequest(400, "an Upgrade offer with a request body is not taken") from None
+                    self._parser = httptools.HttpRequestParser(self)  # a new parser reads on (a loop, not a
+                    data = data[offset:]  # recursion: one read may hold thousands of offers)
+                    continue
+                self.tunnel = True
+                last.tunnel = data[offset:]
+                self.upgraded = last
+                return
+            except httptools.HttpParserError as exc:
+                if isinstance(exc.__context__, BadRequest):  # raised by a callback below: llhttp wraps it
+                    raise exc.__context__ from None
+                raise BadRequest(400, str(exc) or "malformed request") from None
 
     def _ends_head(self, data: bytes) -> bool:
         # The head's end may be in these bytes, followed by its body: allowed when the head itself fits.
@@ -121,6 +128,7 @@ class RequestReader:
         self._fields = []
         self._name_seen = set()
         self._current = None
+        self._trailer_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -130,6 +138,11 @@ class RequestReader:
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) + len(value) > self.max_field:
             raise BadRequest(400, f"header field longer than {self.max_field} bytes")
+        if not self.in_head:  # a trailer (after a chunked body): not kept, not relayed, bounded as a head is
+            self._trailer_bytes += len(name) + len(value) + 4
+            if self._trailer_bytes > self.max_head:
+                raise BadRequest(431, f"request trailers longer than {self.max_head} bytes")
+            return
         lower = name.lower()
         if lower in _SINGLE:
             if lower in self._name_seen:

@@ -84,7 +84,8 @@ class LeanServer:
 
 class LeanProtocol(asyncio.Protocol):
     __slots__ = ("_body_waiter", "_call", "_clock", "_conn", "_drain_waiter", "_error", "_feeder", "_lost",
-                 "_paused_reading", "_paused_writing", "_reader", "_remote", "_secure", "_server", "_transport")
+                 "_next_on_resume", "_paused_reading", "_paused_writing", "_reader", "_remote", "_secure", "_server",
+                 "_transport")
 
     def __init__(self, server: LeanServer) -> None:
         self._server = server
@@ -98,6 +99,7 @@ class LeanProtocol(asyncio.Protocol):
         self._body_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._paused_writing = False
+        self._next_on_resume = False  # a request waits for the client to read what it was sent
         self._paused_reading = False
         self._lost = False
         self._remote: str | None = None
@@ -164,6 +166,9 @@ class LeanProtocol(asyncio.Protocol):
         waiter, self._drain_waiter = self._drain_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self._next_on_resume and self._call is None:
+            self._next_on_resume = False
+            self._next()
 
     # ---------------------------------------------------------------- the guard's questions
 
@@ -187,6 +192,9 @@ class LeanProtocol(asyncio.Protocol):
     def _next(self) -> None:
         transport = self._transport
         if transport is None or self._lost or transport.is_closing():
+            return
+        if self._paused_writing:  # the client does not read its answers: no next one until it does (the
+            self._next_on_resume = True  # guard's write-stall deadline resets a client that never reads)
             return
         if self._reader.ready:
             request = self._reader.ready.popleft()
@@ -244,20 +252,26 @@ class LeanProtocol(asyncio.Protocol):
 
     # ---------------------------------------------------------------- reading
 
-    def _hold(self) -> None:
-        """Pause reading while the connection holds more than HIGH bytes of requests not taken yet."""
+    def _held(self) -> int:
+        """Bytes of requests the connection holds, not taken yet (a queued request's head counted as 1 KiB)."""
         reader = self._reader
         held = sum(r.buffered for r in reader.ready) + 1024 * len(reader.ready)
         if reader.upgraded is not None and reader.upgraded.tunnel:
             held += len(reader.upgraded.tunnel)
         if self._call is not None:
             held += self._call.request.buffered
-        if held > HIGH and not self._paused_reading and self._transport is not None:
+        return held
+
+    def _hold(self) -> None:
+        """Pause reading while the connection holds more than HIGH bytes of requests not taken yet."""
+        if not self._paused_reading and self._transport is not None and self._held() > HIGH:
             self._paused_reading = True
             self._transport.pause_reading()
 
     def _resume(self) -> None:
-        if self._paused_reading and self._transport is not None and not self._lost:
+        """Read again once what is held fell to half of HIGH (not at each answer: a pipelined flood would get
+        one more read in per request answered)."""
+        if self._paused_reading and self._transport is not None and not self._lost and self._held() <= HIGH // 2:
             self._paused_reading = False
             self._transport.resume_reading()
 
@@ -288,7 +302,9 @@ class LeanProtocol(asyncio.Protocol):
         first, request.tunnel = request.tunnel, None
         if first:
             feeder.feed_data(first)
-        self._resume()
+        if self._paused_reading and self._transport is not None and not self._lost:  # the tunnel's own flow now
+            self._paused_reading = False
+            self._transport.resume_reading()
 
 
 class LeanCall:

@@ -88,3 +88,4 @@ async def test_the_broken_path_costs_one_retry_not_one_per_scrape(cluster: tuple
     assert gateway is not None
     log = gateway.log.read_text(errors="replace")
     assert f"node {BROKEN} (pool '{POOL}') failed through agent {AGENTS[0]}" in log
+

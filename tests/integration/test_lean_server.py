@@ -253,3 +253,30 @@ async def test_a_page_that_is_all_there_leaves_in_one_write(lean: Lean) -> None:
     assert lean.writes == [2]
     writer.close()
     await gone(lean)
+
+
+async def test_a_pipelined_flood_that_reads_nothing_is_held_and_then_reset(lean: Lean) -> None:
+    # Found by review: each answered request resumed reading (one more read per answer), and the next pipelined
+    # request was served while the client read none of the answers: both queues grew without bound.
+    _, writer = await lean.connect(rcvbuf=4096)
+    request = b"GET /" + b"p" * 900 + b" HTTP/1.1\r\nHost: x\r\n\r\n"  # each answer echoes its 906-byte path
+    most_ready = most_written = 0
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 3.0
+    while loop.time() < end and not writer.is_closing():
+        writer.write(request * 64)
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(writer.drain(), 0.01)
+        for proto in list(lean.server.connections):
+            most_ready = max(most_ready, len(proto._reader.ready))
+            transport = proto._transport
+            if transport is not None:
+                most_written = max(most_written, transport.get_write_buffer_size())
+        if not lean.server.connections:
+            break
+    writer.transport.abort()
+    # Requests held: the reading pause (256 KiB, each queued head counted 1 KiB) and one read past it.
+    assert most_ready <= 256 + 300, most_ready
+    # Answers held: the transport's high-water mark and one answer.
+    assert most_written <= 64 * 1024 + 2048, most_written
+    await gone(lean)
