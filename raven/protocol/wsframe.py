@@ -205,8 +205,10 @@ class FrameDecoder:
                         break
                     length = _U64.unpack_from(buf, head)[0]
                     head += 8
-                if length + self._size > self._max:
-                    raise WebSocketError(CLOSE_TOO_BIG, f"message of over {length + self._size} bytes "
+                # A control frame between a message's fragments is no part of it (and is 125 bytes at most).
+                size = length if opcode >= OP_CLOSE else length + self._size
+                if size > self._max:
+                    raise WebSocketError(CLOSE_TOO_BIG, f"message of over {size} bytes "
                                                         f"(limit {self._max}, limits.max_frame)")
                 masked = b1 & 0x80
                 if masked:

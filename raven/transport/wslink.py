@@ -10,8 +10,11 @@ all the messages a writer's wake-up sends written in that one turn of the loop (
 ``feed_eof``), the session's sink (``send``, ``send_many``, ``close``) and, until the session is served, a source
 of single messages for the handshake (``receive``). Received messages wait in a bounded inbox until
 :meth:`serve` attaches the session; over ``INBOX_LIMIT`` bytes reading pauses. Pings are answered with pongs;
-a close frame is answered and ends the connection; a frame the codec refuses is answered with a close frame
-carrying its code and reason and ends the connection with that reason. A write waits while the transport's
+while the peer is not reading (the transport's writing is paused) only the latest ping's pong is held (RFC 6455
+section 5.5.3 allows it) and reading pauses until the peer reads again (at most ``drain_timeout``: then the
+connection is cut), so a peer that sends pings and reads nothing cannot grow our write buffer; a close frame
+is answered and ends the connection; a frame the codec refuses is answered with a close frame carrying its code
+and reason and ends the connection with that reason. A write waits while the transport's
 buffer is over its high-water mark (the peer is slow), at most ``drain_timeout``: then the connection is cut.
 """
 
@@ -63,8 +66,9 @@ class WsLink:
     """One upgraded connection's WebSocket framing (see the module's docstring)."""
 
     __slots__ = (
-        "__weakref__", "_decoder", "_encoder", "_ended", "_gone", "_inbox", "_inbox_bytes", "_paused", "_peer_closed",
-        "_receiver", "_sent_close", "_session", "drain_timeout", "name", "protocol", "transport",
+        "__weakref__", "_decoder", "_encoder", "_ended", "_gone", "_held_pong", "_inbox", "_inbox_bytes", "_paused",
+        "_peer_closed", "_pong_wait", "_receiver", "_sent_close", "_session", "drain_timeout", "name", "protocol",
+        "transport",
     )
 
     INBOX_LIMIT: Final = 1 << 20  # bytes received before the session is served; reading pauses over it
@@ -81,7 +85,9 @@ class WsLink:
         self._session: Session | None = None
         self._inbox: deque[bytes | bytearray] = deque()
         self._inbox_bytes = 0
-        self._paused = False
+        self._paused = False  # reading paused for the inbox
+        self._held_pong: bytes | None = None  # the latest ping's payload, while the peer is not reading
+        self._pong_wait: asyncio.Task[None] | None = None  # waits for the peer to read; reading paused meanwhile
         self._receiver: asyncio.Future[None] | None = None
         loop = asyncio.get_running_loop()
         self._ended: asyncio.Future[str] = loop.create_future()  # why the link ended (the session ends with it)
@@ -118,7 +124,7 @@ class WsLink:
                 else:
                     self._queue(ev)
             elif isinstance(ev, Ping):
-                self._write(self._encoder.pong(ev.payload))
+                self._pong(ev.payload)
             elif isinstance(ev, Close):
                 self._on_close(ev)
                 return False, b""
@@ -127,6 +133,8 @@ class WsLink:
     def feed_eof(self) -> None:
         """The connection is gone (aiohttp's ``connection_lost``)."""
         self._end("connection lost" if not self._peer_closed else "peer closed the connection")
+        if self._pong_wait is not None:
+            self._pong_wait.cancel()
         self._set_gone()
         self._wake_receiver()
 
@@ -151,8 +159,9 @@ class WsLink:
         self._inbox_bytes -= len(message)
         if self._paused and self._inbox_bytes <= self.INBOX_LIMIT // 2:
             self._paused = False
-            with contextlib.suppress(Exception):
-                self.transport.resume_reading()
+            if self._pong_wait is None:
+                with contextlib.suppress(Exception):
+                    self.transport.resume_reading()
         return message
 
     async def receive(self) -> bytes:
@@ -182,6 +191,45 @@ class WsLink:
             self._session = None
             reason = self._ended.result() if self._ended.done() else "the tunnel handler ended"
             await session.close(session.close_reason or reason)
+
+    # ------------------------------------------------------------ pings
+
+    def _pong(self, payload: bytes) -> None:
+        """Answer a ping at once, unless the peer is not reading what we write: then hold only the latest ping's
+        answer and stop reading until the peer reads (as aiohttp's autoping awaited its drain)."""
+        if self._pong_wait is None and not self.protocol.writing_paused:
+            self._write(self._encoder.pong(payload))
+            return
+        self._held_pong = payload
+        if self._pong_wait is None and not self.transport.is_closing():
+            with contextlib.suppress(Exception):
+                self.transport.pause_reading()
+            self._pong_wait = asyncio.get_running_loop().create_task(self._pong_when_drained())
+
+    async def _pong_when_drained(self) -> None:
+        """Wait (at most ``drain_timeout``) for the peer to read, then send the held pong and read again."""
+        # The drain's waiter is shared with the session's writer: shielded, so that this wait's end never cancels it.
+        drained = asyncio.ensure_future(self.protocol._drain_helper())
+        drained.add_done_callback(_retrieved)
+        try:
+            async with asyncio.timeout(self.drain_timeout):
+                await asyncio.shield(drained)
+        except TimeoutError:
+            reason = f"peer not reading: a pong waited {self.drain_timeout:.1f}s"
+            _peer_log.warning(self.name, "pong", "session %s: %s (closing)", self.name, reason)
+            self._end(reason)
+            self.transport.abort()
+            return
+        except ConnectionError:  # the connection went: feed_eof ends the link
+            return
+        finally:
+            self._pong_wait = None
+        payload, self._held_pong = self._held_pong, None
+        if payload is not None:
+            self._write(self._encoder.pong(payload))
+        if not self._paused and not self.transport.is_closing():
+            with contextlib.suppress(Exception):
+                self.transport.resume_reading()
 
     # ------------------------------------------------------------ the connection's end
 
@@ -275,3 +323,9 @@ class WsLink:
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.transport.get_extra_info(name, default)
+
+
+def _retrieved(fut: asyncio.Future[None]) -> None:
+    """A shielded drain wait's outcome, taken so that a lost connection's error is not logged as unretrieved."""
+    if not fut.cancelled():
+        fut.exception()

@@ -19,12 +19,14 @@ import pytest_asyncio
 from aiohttp import web
 
 from raven.protocol import wire
+from raven.protocol.wsframe import OP_PING
 from raven.transport.tunnel import Tunnel
 from raven.transport.websocket import TransportError
 from raven.transport.wslink import WsLink
 from raven.transport.wsupgrade import TunnelResponse, take_over
 from tests.support.memsession import batched, core_session
 from tests.support.polling import eventually
+from tests.support.wsframes import raw_frame
 
 pytestmark = pytest.mark.asyncio
 
@@ -184,5 +186,66 @@ async def test_the_links_own_drain_deadline_cuts_a_peer_that_does_not_read(serve
         await eventually(lambda: srv.transport.is_closing(), timeout=2, what="the connection cut")
         with pytest.raises(TransportError):
             await srv.send(b"more")  # a cut link sends nothing more
+    finally:
+        await ws.close()
+
+
+def ping_flood(count: int) -> bytes:
+    """``count`` full-size pings as a client sends them (masked): 131 bytes each."""
+    return b"".join(raw_frame(OP_PING, b"p" * 125, mask=True) for _ in range(count))
+
+
+async def flooded(server: Server, http: aiohttp.ClientSession, count: int
+                  ) -> tuple[aiohttp.ClientWebSocketResponse, WsLink, asyncio.Transport, int]:
+    """A peer that reads nothing (its kernel's receive buffer left as it is, the server's send buffer small) and
+    sends ``count`` pings: the most the server's write buffer held meanwhile."""
+    ws = await http.ws_connect(server.url, compress=0, timeout=aiohttp.ClientWSTimeout(ws_close=1.0))
+    srv = await asyncio.wait_for(server.links.get(), 5)
+    srv.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client_transport = transport_of(ws)
+    client_transport.pause_reading()
+    most = 0
+    flood = ping_flood(1000)
+    for _ in range(count // 1000):
+        client_transport.write(flood)  # the peer's own buffer takes what the server does not read
+        await asyncio.sleep(0.01)
+        most = max(most, srv.transport.get_write_buffer_size())
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        most = max(most, srv.transport.get_write_buffer_size())
+    return ws, srv, client_transport, most
+
+
+async def test_a_peer_that_floods_pings_and_reads_nothing_cannot_grow_our_write_buffer(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """20,000 pings (2.6 MB) from a peer that reads nothing: the server holds one pong and stops reading once its
+    writes are paused, so its write buffer stays near the high-water mark (every pong written was ~2.5 MB); when
+    the peer reads again, the held pong goes out, reading resumes and a message gets through."""
+    ws, srv, client_transport, most = await flooded(server, http, 20_000)
+    try:
+        assert most < 128 << 10, most
+        assert not srv.transport.is_reading()
+        assert srv.protocol.writing_paused
+        assert not srv.transport.is_closing()
+        client = take_over(ws, max_message=MAX)  # the peer reads again (the pongs it reads are ignored)
+        client_transport.resume_reading()
+        await client.send(b"after the flood")
+        assert await asyncio.wait_for(srv.receive(), 10) == b"after the flood"
+        await eventually(lambda: srv.transport.is_reading(), timeout=5, what="reading resumed")
+        await srv.send(b"back")
+        assert await asyncio.wait_for(client.receive(), 5) == b"back"
+    finally:
+        await ws.close()
+
+
+async def test_a_ping_flooder_that_never_reads_is_cut_at_the_drain_deadline(server: Server,
+                                                                          http: aiohttp.ClientSession) -> None:
+    ws, srv, _ = await stalled_pair(server, http)
+    srv.drain_timeout = 0.5
+    transport_of(ws).write(ping_flood(20_000))
+    try:
+        with pytest.raises(TransportError, match=r"peer not reading: a pong waited 0.5s"):
+            await asyncio.wait_for(srv.receive(), 5)
+        await eventually(lambda: srv.transport.is_closing(), timeout=2, what="the connection cut")
     finally:
         await ws.close()

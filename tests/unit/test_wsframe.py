@@ -152,6 +152,21 @@ def test_fragments_together_over_the_limit_are_refused_from_a_header() -> None:
     assert dec.buffered == 0
 
 
+def test_a_ping_between_fragments_does_not_count_toward_the_message() -> None:
+    """A message within 125 bytes of the limit, a full-size ping and a pong between its fragments: the controls
+    are answered and the message is whole (their lengths once made it over the limit: 1009)."""
+    dec = FrameDecoder(client=False, max_message=1000)
+    wire = raw_frame(OP_BINARY, b"a" * 950, fin=False, mask=True)
+    wire += raw_frame(OP_PING, b"p" * 125, mask=True) + raw_frame(OP_PONG, b"q" * 125, mask=True)
+    wire += raw_frame(OP_CONTINUATION, b"b" * 50, mask=True)
+    assert decode_all(dec, [wire]) == [Ping(b"p" * 125), Pong(b"q" * 125), b"a" * 950 + b"b" * 50]
+    # The limit still holds for the message's own bytes.
+    dec.receive(raw_frame(OP_BINARY, b"a" * 950, fin=False, mask=True) + raw_frame(OP_PING, b"p", mask=True))
+    with pytest.raises(WebSocketError) as info:
+        dec.receive(raw_frame(OP_CONTINUATION, b"b" * 51, mask=True))
+    assert info.value.code == 1009
+
+
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=400), st.booleans(), st.lists(st.integers(0, 400), max_size=5))
 def test_hostile_bytes_raise_only_the_codecs_error(data: bytes, client: bool, cuts: list[int]) -> None:
