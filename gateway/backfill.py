@@ -37,6 +37,12 @@ log = logging.getLogger("raven.gateway.backfill")
 HEAD_TIMEOUT = 30.0
 
 
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (rather than a future it awaited cancelled under it)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 @dataclass(slots=True)
 class Backlog:
     """What a pool's agent last said it holds (the HEAD of a backfill stream)."""
@@ -90,6 +96,13 @@ class BackfillPuller:
             except WorkerLost as exc:
                 self._log.warning(s.agent, "backfill-worker", "backfill from agent %s (pools %s) not written: %s",
                                   s.agent, ",".join(sorted(s.pools)), exc)
+                got = None
+            except (Exception, asyncio.CancelledError) as exc:  # never an end without a word: poll on
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():
+                    raise  # this task's own cancellation (the session ended)
+                self._log.log(logging.ERROR, s.agent, "backfill-error", "backfill from agent %s (pools %s) not "
+                              "written: unexpected %s: %s; the batch is asked for again", s.agent,
+                              ",".join(sorted(s.pools)), type(exc).__name__, exc)
                 got = None
             if got is None:
                 await asyncio.sleep(self.cfg.poll_interval)

@@ -13,15 +13,19 @@ moves out too), the node -> pool map for the batch's nodes restricted to the ses
 settings the build needs (:class:`~gateway.catchupbuild.BuildSettings`). What comes back: one request at a time
 (body, parts, samples), the build's CPU time, the drops by reason, the batch's last sequence number.
 
-Every call has a deadline (``backfill.build_timeout``): past it the worker is killed, and the next call starts a
-new one; a worker that dies (BrokenProcessPool) is replaced the same way. Either way the batches it held raise
-:class:`WorkerLost`: they are not acknowledged, and the agent sends them again.
+One call is in the worker at a time (the others wait for their turn, all sessions together), and each has a
+deadline (``backfill.build_timeout``) from its turn: its own run, never its wait behind other batches. Past it the
+worker is killed, and the next call starts a new one; a worker that dies (BrokenProcessPool) is replaced the same
+way. Either way every batch it held, under way or waiting for its turn, raises :class:`WorkerLost`: it is not
+acknowledged, and the agent sends it again. A call whose caller gave up on it (its session ended) still has its
+turn until its step ends or its deadline passes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -29,7 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -40,10 +44,13 @@ from gateway.catchupbuild import Builder, BuildSettings, Request
 from raven.errors import RavenError
 from raven.protocol import backfill as bf
 
+log = logging.getLogger("raven.gateway.backfill")
+
 NICENESS: Final = 10  # the worker's CPU priority below the gateway's (nice(2)): the live path first
 MAX_BATCHES: Final = 64  # batches a worker holds (the gateway has backfill.concurrency under way, at most 64)
 STOP_GRACE: Final = 2.0  # seconds a stopping worker has to finish its step before it is killed
 START_TIME: Final = 30.0  # seconds a new worker has to start (an interpreter and its imports), beyond the deadline
+LOST_MEANWHILE: Final = "the worker process that held the batch was lost meanwhile; the batch is asked for again"
 T = TypeVar("T")
 
 
@@ -157,6 +164,8 @@ class CatchupWorker:
         self._ready = False  # the worker answered a call (it has started)
         self._ids = itertools.count(1)
         self._closed = False
+        self._turn = asyncio.Lock()  # one call in the worker at a time
+        self._orphan: tuple[ProcessPoolExecutor, Future[Any], float] | None = None  # a step its caller gave up on
 
     @property
     def pid(self) -> int | None:
@@ -166,11 +175,22 @@ class CatchupWorker:
     def batch(self) -> Batch:
         return Batch(self, next(self._ids), self.generation)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, generation: int | None = None) -> T:
         """``fn(*args)`` in the worker, within the deadline; raise :class:`WorkerLost` when the worker is lost
-        (killed past the deadline, or dead) or the gateway is stopping."""
-        if self._closed:
-            raise WorkerLost("the gateway is stopping")
+        (killed past the deadline, or dead), was replaced since ``generation`` (the one the batch was given to), or
+        the gateway is stopping.
+
+        One call at a time is in the worker: the deadline starts at the call's turn (the lock), so that it measures
+        the call's own run, not its wait behind the other sessions' batches."""
+        async with self._turn:
+            if self._closed:
+                raise WorkerLost("the gateway is stopping")
+            await self._settle()
+            if generation is not None and generation != self.generation:
+                raise WorkerLost(LOST_MEANWHILE)
+            return await self._run(fn, args)
+
+    async def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         pool = self._pool
         if pool is None:
             pool = self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), initializer=_init,
@@ -183,8 +203,9 @@ class CatchupWorker:
             raise self._lost(pool, _ended(self._process)) from None
         if self._process is None:  # started by this first submit
             self._process = next(iter(pool._processes.values()), None)  # no public handle before 3.14
+        until = asyncio.get_running_loop().time() + deadline
         try:
-            async with asyncio.timeout(deadline):
+            async with asyncio.timeout_at(until):
                 got = await asyncio.wrap_future(fut)
             self._ready = self._ready or pool is self._pool
             return got
@@ -193,6 +214,26 @@ class CatchupWorker:
                              "the worker process was killed", kill=True) from None
         except BrokenProcessPool:
             raise self._lost(pool, _ended(self._process)) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if fut.cancelled() and task is not None and not task.cancelling():  # not this caller's: the pool's
+                raise WorkerLost("the gateway is stopping" if self._closed else LOST_MEANWHILE) from None
+            if not fut.done():  # the caller gave up on it (its session ended): the step still has its turn
+                self._orphan = (pool, fut, until)
+            raise
+
+    async def _settle(self) -> None:
+        """Before the next call: the step a caller gave up on ends, or is killed at its own deadline."""
+        if self._orphan is None:
+            return
+        pool, fut, until = self._orphan
+        if pool is self._pool and not fut.done():
+            await asyncio.wait([asyncio.wrap_future(fut)], timeout=max(0.0, until - asyncio.get_running_loop().time()))
+            if pool is self._pool and not fut.done():
+                why = (f"a step of a batch whose session ended took longer than {self.deadline:g} s (build_timeout): "
+                       "the worker process was killed")
+                log.warning("catch-up worker: %s", self._lost(pool, why, kill=True))
+        self._orphan = None
 
     def forget(self, batch: int, generation: int) -> None:
         """The worker may drop the batch (without waiting for it to)."""
@@ -236,10 +277,7 @@ class Batch:
         self.done = False  # the worker forgot it itself
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if self.worker.generation != self.generation:
-            raise WorkerLost("the worker process that held the batch was lost meanwhile; the batch is asked for "
-                             "again")
-        return await self.worker.call(fn, self.ident, *args)
+        return await self.worker.call(fn, self.ident, *args, generation=self.generation)
 
     async def decode(self, body: bytes, max_entry: int, max_body: int) -> Decoded:
         """The batch's entries (raise bf.BackfillError when the body does not decode)."""
