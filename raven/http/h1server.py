@@ -310,7 +310,7 @@ class LeanProtocol(asyncio.Protocol):
 class LeanCall:
     """One request on a :class:`LeanProtocol`: what the handler reads and how it answers."""
 
-    __slots__ = ("_chunked", "_continued", "_no_body", "_proto", "close", "request", "started", "task")
+    __slots__ = ("_chunked", "_continued", "_left", "_no_body", "_proto", "close", "request", "started", "task")
 
     def __init__(self, proto: LeanProtocol, request: ParsedRequest) -> None:
         self._proto = proto
@@ -321,6 +321,7 @@ class LeanCall:
         self._chunked = False
         self._continued = False
         self._no_body = False  # an answer to HEAD, a 204 or a 304: body bytes are never sent
+        self._left = -1  # body bytes the Content-Length still allows (-1: no Content-Length)
 
     @property
     def method(self) -> str:
@@ -397,7 +398,7 @@ class LeanCall:
         self._no_body = self.method == "HEAD" or status in (204, 304)
         framing: tuple[str, str] | None
         if length is not None:
-            framing = ("Content-Length", str(length))
+            framing, self._left = ("Content-Length", str(length)), length
         elif self.request.version >= (1, 1) and first:
             framing, self._chunked = ("Transfer-Encoding", "chunked"), True
         elif self.request.version >= (1, 1) and (self.method == "HEAD" or status in (204, 304)):
@@ -413,6 +414,10 @@ class LeanCall:
             raise ConnectionResetError("client connection lost")
         if self._no_body:
             chunk = b""
+        elif self._left >= 0:  # never past the Content-Length: bytes after it would be read as the next answer
+            if len(chunk) > self._left:
+                chunk = chunk[:self._left]
+            self._left -= len(chunk)
         if chunk and self._chunked:
             end = b""
             if last:  # the whole body: its last chunk goes in the same write

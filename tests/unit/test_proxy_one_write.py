@@ -22,6 +22,7 @@ class Transport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[bytes] = []
+        self.aborted = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.writes.append(bytes(data))
@@ -32,11 +33,26 @@ class Transport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def abort(self) -> None:
+        self.aborted = True
+
     def get_extra_info(self, name: str, default: object = None) -> object:
         return default
 
 
 async def relay(method: str, chunks: list[bytes], headers: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
+    writes, ex = await _relay(method, chunks, headers)
+    assert ex.code == "200", ex.reason
+    return writes
+
+
+async def relay_any(method: str, chunks: list[bytes], headers: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
+    """What the client was sent, however the relay ended."""
+    return (await _relay(method, chunks, headers))[0]
+
+
+async def _relay(method: str, chunks: list[bytes], headers: tuple[tuple[str, str], ...]) -> tuple[list[bytes],
+                                                                                                   Exchange]:
     async def nothing(call: LeanCall) -> None:
         pass
 
@@ -53,8 +69,7 @@ async def relay(method: str, chunks: list[bytes], headers: tuple[tuple[str, str]
     stream = FakeStream()
     stream.chunks = chunks
     await proxy(5)._relay_response(ex, stream, wire.Head(1, 200, "OK", headers))  # type: ignore[arg-type]
-    assert ex.code == "200", ex.reason
-    return transport.writes
+    return transport.writes, ex
 
 
 async def test_a_page_that_is_all_there_leaves_in_one_write() -> None:
@@ -72,3 +87,12 @@ async def test_a_page_still_arriving_is_chunked_and_a_head_answer_has_no_body() 
     assert writes[1:] == [b"%x\r\n%s\r\n" % (len(PAGE), PAGE), b"0\r\n\r\n"]
     (write,) = await relay("HEAD", [b""], (("Content-Length", str(len(PAGE))),))
     assert write.endswith(b"Content-Length: %d\r\n\r\n" % len(PAGE))
+
+
+async def test_bytes_past_the_content_length_never_reach_the_client() -> None:
+    # Found by review: a (hostile) agent's body longer than its Content-Length went out whole before the abort;
+    # the client would read the extra bytes as the next answer on its keep-alive connection.
+    forged = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nforge"
+    writes = await relay_any("GET", [PAGE + forged, b""], (("Content-Length", str(len(PAGE))),))
+    sent = b"".join(writes)
+    assert sent.endswith(b"\r\n\r\n" + PAGE) and forged not in sent
