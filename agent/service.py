@@ -357,8 +357,7 @@ class Agent:
             stop_task = loop.create_task(self.drain_and_stop())
 
         with StopSignals(on_stop) as signals:
-            gcpause.install()
-            gcpause.settle_soon()
+            gcpause.settle_at_start()  # the full walk now, before any traffic
             if self.layer3 is not None:
                 await self.layer3.start()
             try:

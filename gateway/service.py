@@ -343,8 +343,7 @@ class Gateway:
                  else "")
 
     async def start(self) -> None:
-        gcpause.install()
-        gcpause.settle_soon()
+        gcpause.settle_at_start()  # the full walk now, before any traffic
         if self.layer3 is not None:
             await self.layer3.start()  # before the tunnel port takes sessions that announce CIDRs
         # The TLS handshake and the upgrade request each have handshake_timeout (the guard), then HELLO too.

@@ -181,6 +181,19 @@ def install() -> None:
             gc.set_threshold(*GC_THRESHOLDS)
 
 
+def settle_at_start() -> None:
+    """Install, then settle at once with the full walk, before the service opens a port or a session.
+
+    The first settle walks everything alive (about 120,000 objects once the modules are imported: 100-130 ms of
+    CPU, 250-350 ms of wall time on a busy machine). Done later, as a settle after the first session or
+    connections, that pause fell on the first packets and requests the new process carried: a restarted agent or
+    gateway held its first layer-3 packets and scrapes that long. Done here, nothing waits on it; the next
+    settles collect only the young generation. Without ``RAVEN_GC_TUNING`` it only installs the timing."""
+    install()
+    if tuning_enabled():
+        _SETTLER.settle()
+
+
 def settle_soon() -> None:
     """The long-lived state changed: settle (collect, then freeze) once it has been quiet for a while.
 

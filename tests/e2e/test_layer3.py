@@ -96,6 +96,13 @@ async def test_routes_are_what_the_config_and_certificates_allow(bed: L3Testbed)
     assert await bed.raven_routes(NODE_NS) == [f"{CLOUD_CIDR} via {a.next_hop} table 21057"]
     assert await bed.raven_rules(NODE_NS) == ["21057: lookup 21057"]
     assert await bed.raven_routes("r3-a-rtr") == []
+    # Each process walked its objects once (the GC's first settle) before it took traffic, not after: done after
+    # the session came up, that 250-350 ms pause held the first pings (one was counted lost by ping, whose wait
+    # for the last reply is twice the slowest round trip, at least 200 ms).
+    for name, first_traffic in (("gateway", "now carries pool"), (active, "chose this agent to carry")):
+        log = bed.log(name, tail=1_000_000)
+        assert "gc settled with a full walk" in log and first_traffic in log, (name, log[-2000:])
+        assert log.index("gc settled with a full walk") < log.index(first_traffic), (name, log[-2000:])
     status = await bed.status()
     assert "layer3" in status, sorted(status)
     print(f"\n/status layer3: {status['layer3']}")
