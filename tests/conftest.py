@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,16 @@ import pytest_asyncio
 from raven.demo.launch import LocalCluster, PoolSpec
 from raven.demo.simexporter import SimExporter, SimNode
 from tests.support.cluster import HOSTS, Bed, pick_node_port
+
+# Ports the tests' servers take (raven.demo.launch.free_port, inherited by the processes they start): below the
+# kernel's ephemeral range, so that no outgoing connection takes one between its pick and its bind, and a slice
+# of their own for each pytest-xdist worker, so that two workers never pick the same one.
+PORTS_LOW, PORTS_HIGH = 20_000, 32_000
+if "RAVEN_PORT_RANGE" not in os.environ:
+    _workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % _workers
+    _slice = (PORTS_HIGH - PORTS_LOW) // _workers
+    os.environ["RAVEN_PORT_RANGE"] = f"{PORTS_LOW + _worker * _slice}-{PORTS_LOW + (_worker + 1) * _slice - 1}"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -25,9 +25,47 @@ from raven import pki
 from raven.aio import stop_process
 from raven.demo.simexporter import SimNode
 
+PORT_RANGE_ENV = "RAVEN_PORT_RANGE"
+_cursor: dict[tuple[int, int], int] = {}
+
+
+def port_range() -> tuple[int, int] | None:
+    """``RAVEN_PORT_RANGE=LOW-HIGH``: where :func:`free_port` takes ports from (None: the kernel's choice).
+
+    A port the kernel picks (bind to port 0) comes from its ephemeral range, which every outgoing connection on
+    the machine draws from as well: between the pick and the service's own bind another process's connection can
+    take it ("Address already in use"). A range below the ephemeral one (``net.ipv4.ip_local_port_range``,
+    32768-60999 by default) is never handed out that way; the test suite gives each of its workers a range of
+    its own, so that two of them never pick the same port either."""
+    text = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not text:
+        return None
+    low_text, sep, high_text = text.partition("-")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        low = high = 0
+    if not sep or not 1024 <= low <= high <= 65535:
+        raise ValueError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, two ports from 1024 to 65535, LOW <= HIGH")
+    return low, high
+
 
 def free_port(host: str = "127.0.0.1", also: tuple[str, ...] = ()) -> int:
-    """A port free on ``host`` (and on every address in ``also``)."""
+    """A port free on ``host`` (and on every address in ``also``): from ``RAVEN_PORT_RANGE`` when it is set
+    (in turn from a random start, so that the ports this process just handed out are the last to come again),
+    else the kernel's pick."""
+    span = port_range()
+    if span is not None:
+        low, high = span
+        size = high - low + 1
+        at = _cursor.get(span, int.from_bytes(os.urandom(4), "big") % size)
+        for _ in range(size):
+            port = low + at
+            at = (at + 1) % size
+            if _free(host, port) and all(_free(h, port) for h in also):
+                _cursor[span] = at
+                return port
+        raise OSError(f"no port free on {', '.join((host, *also))} in {PORT_RANGE_ENV} {low}-{high}")
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
@@ -38,7 +76,7 @@ def free_port(host: str = "127.0.0.1", also: tuple[str, ...] = ()) -> int:
 
 
 def _free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError:

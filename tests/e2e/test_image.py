@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from raven import __version__
+from raven.demo.launch import free_port
 from raven.version import describe
 from tests.support.cluster import HOSTS, pick_node_port
 from tests.support.paths import ROOT
@@ -187,12 +188,6 @@ def test_layer3_needs_net_admin_and_nothing_more(image: str) -> None:
 
 
 # ---------------------------------------------------------------- a gateway and an agent, in containers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_config(etc: Path, node_host: str, node_port: int) -> dict[str, int]:

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raven.demo import simexporter, simserver
+from raven.demo.launch import free_port
 from raven.demo.simexporter import SimExporter, SimNode, default_nodes, gpu_util, render_metrics
 from tests.support.paths import ROOT
 
@@ -49,12 +50,6 @@ def families(body: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
         family.name: [(dict(s.labels), s.value) for s in family.samples]
         for family in text_string_to_metric_families(body.decode())
     }
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 # Rendering ---------------------------------------------------------------------

@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-
 from aiohttp import web
 
-from raven.demo.launch import LocalCluster
+from raven.demo.launch import LocalCluster, free_port
 from raven.demo.simexporter import SimExporter
 
 # Tests use 127.0.10.0/24 so they never clash with the demo (127.0.0.x).
 HOSTS = [f"127.0.10.{i}" for i in range(2, 12)]
 
 
-def _port_free_everywhere(port: int, hosts: list[str]) -> bool:
-    for host in hosts:
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                return False
-    return True
-
-
 def pick_node_port(hosts: list[str]) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if _port_free_everywhere(port, hosts):
-            return port
-    raise RuntimeError("no free port on the test hosts")
+    return free_port("127.0.0.1", tuple(hosts))
 
 
 async def start_echo(host: str, port: int, seen: list[dict[str, str]]) -> web.AppRunner:
