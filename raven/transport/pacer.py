@@ -16,6 +16,11 @@ The wait watches a duplicate of the socket's descriptor (the transport owns the 
 refuse a second watcher on it), made for the wait and closed when it ends, so that a session holds no second
 descriptor between waits; :meth:`Pacer.close`, which the session calls before it closes its transport, ends a
 wait in progress (a duplicate left open would keep the connection open after the transport's close).
+
+Asking the kernel costs a system call and, on uvloop, a socket object made and detached for it. What the kernel
+said last, less what was written since (:meth:`Pacer.spent`), is a floor of the room now (the kernel only sends
+what it holds; the mark changes only when asked): when that floor covers what the writer wants, it is the answer
+without asking. A scrape's few kilobytes then ask once per mark's worth, not at every turn of the writer.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ _U64: Final = struct.Struct("=Q")
 class Pacer:
     """The kernel's share of one tunnel socket's backlog (its unsent bytes), and a wait for room in it."""
 
-    __slots__ = ("_closed", "_loop", "_sock", "_waiting", "lowat")
+    __slots__ = ("_closed", "_credit", "_loop", "_sock", "_waiting", "lowat")
 
     QUEUE_TIME: Final = 0.02  # seconds of data the kernel may hold unsent: ahead of a scrape, and what covers the
     # writer's wake-up on a fast link
@@ -49,6 +54,7 @@ class Pacer:
         self._loop = loop
         self._waiting: tuple[int, asyncio.Future[None]] | None = None  # the duplicate descriptor, the waiter
         self._closed = False
+        self._credit = 0  # the room the kernel said last, less what was written since: a floor of the room now
         self.lowat = self.MIN_LOWAT
         sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, self.lowat)
 
@@ -62,10 +68,13 @@ class Pacer:
         except OSError:
             return None  # not TCP, or the option is missing: unpaced, as before
 
-    def room(self) -> int:
-        """Bytes the kernel may take now without holding more than its low mark unsent (maybe <= 0)."""
+    def room(self, want: int = 0) -> int:
+        """Bytes the kernel may take now without holding more than its low mark unsent (maybe <= 0); when the
+        floor kept since the last answer is at least ``want`` (> 0), that floor, without asking the kernel."""
         if self._closed:
             return 1 << 30
+        if 0 < want <= self._credit:
+            return self._credit
         try:
             info = self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_SIZE)
         except OSError:
@@ -83,7 +92,12 @@ class Pacer:
                 self.lowat = lowat
             except OSError:
                 pass
-        return self.lowat - int(_U32.unpack_from(info, 144)[0])
+        self._credit = room = self.lowat - int(_U32.unpack_from(info, 144)[0])
+        return room
+
+    def spent(self, size: int) -> None:
+        """``size`` bytes were written to the socket since the last :meth:`room`: the floor is that much lower."""
+        self._credit -= size
 
     async def writable(self) -> None:
         """Until the kernel has sent enough of what it holds (the socket is writable again), or :meth:`close`."""

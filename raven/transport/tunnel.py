@@ -429,7 +429,7 @@ class Tunnel:
             while session_core.state in LIVE:
                 budget = None
                 if pacer is not None and session_core.pending_bytes:
-                    room = pacer.room()
+                    room = pacer.room(session_core.pending_bytes)
                     if room <= 0 and not waited:  # the kernel holds enough: the rest waits here, in order
                         waited = True
                         self._send_since = self.loop.time()
@@ -452,6 +452,8 @@ class Tunnel:
                 for message in messages:
                     size += len(message)
                 self._in_transit += size
+                if pacer is not None:
+                    pacer.spent(size)
                 self._send_since = self.loop.time()
                 await self.sink.send_many(messages)  # one wake-up of the writer, one await
                 self._send_since = None

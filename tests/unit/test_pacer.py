@@ -9,6 +9,7 @@ import fcntl
 import os
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -114,3 +115,51 @@ async def test_not_a_tcp_socket_is_not_paced() -> None:
     finally:
         a.close()
         b.close()
+
+
+class CountingSocket:
+    """The transport's socket, counting the pacer's questions to the kernel."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.family = sock.family
+        self.asked = 0
+
+    def getsockopt(self, *args: Any) -> Any:
+        self.asked += 1
+        return self.sock.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self.sock.setsockopt(*args)
+
+    def fileno(self) -> int:
+        return int(self.sock.fileno())
+
+
+async def test_what_was_written_since_the_last_answer_spares_asking_and_never_overfills(
+        link: tuple[Peer, asyncio.StreamWriter]) -> None:
+    peer, writer = link
+    sock = CountingSocket(writer.get_extra_info("socket"))
+    pacer = Pacer.of(sock, asyncio.get_running_loop())
+    assert pacer is not None
+    first = pacer.room(1000)
+    assert first > 1000 and sock.asked == 1
+    writer.write(b"z" * 1000)
+    pacer.spent(1000)
+    assert pacer.room(1000) == first - 1000 and sock.asked == 1  # the floor covers it: no question
+    assert pacer.room() > 0 and sock.asked == 2  # without a want, the kernel is asked
+    writes = 0
+    for _ in range(10_000):  # the peer reads nothing: the floor runs out, the kernel is asked, up to the mark
+        room = pacer.room(3000)  # a scrape's few kilobytes at a time
+        if room <= 0:
+            break
+        writer.write(b"z" * 3000)
+        pacer.spent(3000)
+        writes += 1
+        await asyncio.sleep(0)
+    else:
+        pytest.fail("the kernel took everything: no low mark")
+    assert unsent(sock.sock) <= pacer.lowat + 3000  # the floor never let more than one write past the mark
+    assert sock.asked < 2 + writes  # and most writes were not preceded by a question
+    peer.reading.set()
+    pacer.close()
