@@ -24,6 +24,7 @@ import yaml
 from raven import pki
 from raven.aio import stop_process
 from raven.demo.simexporter import SimNode
+from raven.errors import ConfigError
 
 PORT_RANGE_ENV = "RAVEN_PORT_RANGE"
 _cursor: dict[tuple[int, int], int] = {}
@@ -46,7 +47,8 @@ def port_range() -> tuple[int, int] | None:
     except ValueError:
         low = high = 0
     if not sep or not 1024 <= low <= high <= 65535:
-        raise ValueError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, two ports from 1024 to 65535, LOW <= HIGH")
+        raise ConfigError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, two ports from 1024 to 65535, LOW <= HIGH "
+                          f"(e.g. 20000-29999, below the kernel's ephemeral range), or unset it")
     return low, high
 
 

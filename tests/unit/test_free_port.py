@@ -13,6 +13,7 @@ import socket
 import pytest
 
 from raven.demo import launch
+from raven.errors import ConfigError
 
 
 def test_the_suite_runs_with_a_range_of_its_own_below_the_ephemeral_one() -> None:
@@ -50,7 +51,7 @@ def test_a_full_range_and_a_bad_setting_say_so(monkeypatch: pytest.MonkeyPatch) 
             launch.free_port()
     for bad in ("20000", "30000-20000", "80-90", "a-b", "20000-70000"):
         monkeypatch.setenv("RAVEN_PORT_RANGE", bad)
-        with pytest.raises(ValueError, match="expected LOW-HIGH"):
+        with pytest.raises(ConfigError, match="expected LOW-HIGH"):
             launch.free_port()
     monkeypatch.setenv("RAVEN_PORT_RANGE", "")
     assert launch.port_range() is None
