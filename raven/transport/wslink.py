@@ -157,7 +157,7 @@ class WsLink:
             fut.set_result(None)
 
     def _take(self) -> bytes | bytearray:
-        """The oldest waiting message (the inbox is not empty); an emptied inbox is let go (a deque is 600 bytes
+        """The oldest waiting message (the inbox is not empty); an emptied inbox is let go (a deque is 760 bytes
         an idle session would keep)."""
         inbox = self._inbox
         if inbox is None:
