@@ -237,6 +237,11 @@ class Backfill:
             log.warning("backfill: receiver %s; kept scrapes wait at the agents until it answers", p)
         log.info("backfill on: kept scrapes go to %s", ", ".join(r.url for r in self.cfg.receivers))
 
+    @property
+    def on(self) -> bool:
+        """Backfill runs (enabled, with receivers, and they take remote writes): sessions get a puller."""
+        return not self.off_reason
+
     async def session(self, s: AgentSession) -> None:
         if not self.off_reason:
             await self.puller.run(s)

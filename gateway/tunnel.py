@@ -288,7 +288,8 @@ class TunnelEndpoint:
             if self.draining:
                 session.send_control(wire.Drain("gateway is draining"))
             del hello, old  # this frame lives as long as the session (memory per idle session)
-            backfill = asyncio.get_running_loop().create_task(self.backfill.session(agent_session))
+            if self.backfill.on:  # no task at all while backfill is off (memory per idle session)
+                backfill = asyncio.get_running_loop().create_task(self.backfill.session(agent_session))
             await ws.serve(session)
         finally:
             if backfill is not None:

@@ -83,7 +83,7 @@ class WsLink:
         self._decoder = FrameDecoder(client=client, max_message=max_message, masker=masker)
         self._encoder = FrameEncoder(client=client, masker=masker)
         self._session: Session | None = None
-        self._inbox: deque[bytes | bytearray] = deque()
+        self._inbox: deque[bytes | bytearray] | None = None  # made at the first message, dropped once empty
         self._inbox_bytes = 0
         self._paused = False  # reading paused for the inbox
         self._held_pong: bytes | None = None  # the latest ping's payload, while the peer is not reading
@@ -141,6 +141,8 @@ class WsLink:
     # ------------------------------------------------------------ received messages
 
     def _queue(self, message: bytes | bytearray) -> None:
+        if self._inbox is None:
+            self._inbox = deque()
         self._inbox.append(message)
         self._inbox_bytes += len(message)
         if self._inbox_bytes > self.INBOX_LIMIT and not self._paused:
@@ -155,7 +157,14 @@ class WsLink:
             fut.set_result(None)
 
     def _take(self) -> bytes | bytearray:
-        message = self._inbox.popleft()
+        """The oldest waiting message (the inbox is not empty); an emptied inbox is let go (a deque is 760 bytes
+        an idle session would keep)."""
+        inbox = self._inbox
+        if inbox is None:
+            raise LookupError("no message waiting")  # never: callers look first
+        message = inbox.popleft()
+        if not inbox:
+            self._inbox = None
         self._inbox_bytes -= len(message)
         if self._paused and self._inbox_bytes <= self.INBOX_LIMIT // 2:
             self._paused = False
@@ -166,7 +175,7 @@ class WsLink:
 
     async def receive(self) -> bytes:
         """The next binary message (the handshake's); :class:`TransportError` once the connection has ended."""
-        while not self._inbox:
+        while self._inbox is None:
             if self._ended.done():
                 raise TransportError(f"websocket closed: {self._ended.result()}")
             self._receiver = asyncio.get_running_loop().create_future()
@@ -182,7 +191,7 @@ class WsLink:
         self.name = session.name
         session.start()
         try:
-            while self._inbox and not session.closed:
+            while self._inbox is not None and not session.closed:
                 session.feed(self._take())
             if not session.closed:
                 self._session = session

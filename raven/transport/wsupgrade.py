@@ -15,8 +15,9 @@ reader on the connection (``protocol.set_parser``):
 
 What of aiohttp's is not public, all of it checked by tests/integration/test_wslink.py and every tunnel test:
 ``WebSocketResponse._post_start`` (its ``_ws_protocol``, ``_writer``, ``_set_closed``), the server protocol's
-``set_parser``, ``ClientWebSocketResponse._response``, the client protocol's ``set_parser`` and the protocols'
-``_drain_helper`` (the wait for ``resume_writing``, as aiohttp's own writer waits).
+``set_parser``, ``_upgraded`` and ``_parser`` (its HTTP parser, dropped once the connection is upgraded),
+``ClientWebSocketResponse._response``, the client protocol's ``set_parser`` and the protocols' ``_drain_helper``
+(the wait for ``resume_writing``, as aiohttp's own writer waits).
 
 Masking uses aiohttp's compiled XOR (``websocket_mask``; ~5 µs for 50 KiB against ~130 µs in pure Python).
 """
@@ -60,8 +61,14 @@ class TunnelResponse(web.WebSocketResponse):
             raise ConnectionResetError("connection lost during the upgrade")
         self.link = WsLink(request.protocol, transport, client=False,
                            max_message=self._max_message, masker=MASKER, drain_timeout=self._drain_timeout)
-        request.protocol.set_parser(self.link)  # type: ignore[arg-type]
-        request.protocol.keep_alive(False)
+        handler = request.protocol
+        handler.set_parser(self.link)  # type: ignore[arg-type]
+        handler.keep_alive(False)
+        if handler._upgraded:
+            # aiohttp reads no further request on an upgraded connection: its HTTP parser (llhttp and the
+            # buffers of the request it parsed, about 4 KiB) is let go now rather than kept for the session's
+            # life, as aiohttp itself does when the connection is lost.
+            handler._parser = None
 
     async def close(self, *, code: int = wsframe.CLOSE_NORMAL, message: bytes = b"", drain: bool = True) -> bool:
         if self._closed:

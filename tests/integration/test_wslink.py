@@ -249,3 +249,23 @@ async def test_a_ping_flooder_that_never_reads_is_cut_at_the_drain_deadline(serv
         await eventually(lambda: srv.transport.is_closing(), timeout=2, what="the connection cut")
     finally:
         await ws.close()
+
+
+async def test_an_upgraded_connection_keeps_no_http_parser_nor_an_empty_inbox(server: Server,
+                                                                             http: aiohttp.ClientSession) -> None:
+    """Memory per idle session (issue 31): once upgraded, the gateway's connection lets aiohttp's HTTP parser go
+    (aiohttp reads no further request there) and the link holds an inbox only while messages wait; messages
+    still flow both ways and the close handshake still ends both sides."""
+    ws = await http.ws_connect(server.url, compress=0)
+    client = take_over(ws, max_message=MAX)
+    srv = await asyncio.wait_for(server.links.get(), 5)
+    assert srv.protocol._parser is None  # type: ignore[attr-defined]
+    await client.send_many([b"one", b"two"])
+    assert [await srv.receive() for _ in range(2)] == [b"one", b"two"]
+    assert srv._inbox is None
+    await srv.send_many([b"back"])
+    assert await client.receive() == b"back"
+    await client.close()
+    with pytest.raises(TransportError, match="peer closed the websocket"):
+        await asyncio.wait_for(srv.receive(), 5)
+    await ws.close()
