@@ -17,11 +17,18 @@ from tests.support.cluster import HOSTS, Bed, pick_node_port
 # kernel's ephemeral range, so that no outgoing connection takes one between its pick and its bind, and a slice
 # of their own for each pytest-xdist worker, so that two workers never pick the same one.
 PORTS_LOW, PORTS_HIGH = 20_000, 32_000
-if "RAVEN_PORT_RANGE" not in os.environ:
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A worker slices whatever range it inherited: the controller's own import of this file has already set the
+    # whole range in the environment the workers start with (or the user set one).
+    from raven.demo.launch import port_range
+
+    _low, _high = port_range() or (PORTS_LOW, PORTS_HIGH - 1)
     _workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % _workers
-    _slice = (PORTS_HIGH - PORTS_LOW) // _workers
-    os.environ["RAVEN_PORT_RANGE"] = f"{PORTS_LOW + _worker * _slice}-{PORTS_LOW + (_worker + 1) * _slice - 1}"
+    _worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw") or 0) % _workers
+    _slice = (_high - _low + 1) // _workers
+    os.environ["RAVEN_PORT_RANGE"] = f"{_low + _worker * _slice}-{_low + (_worker + 1) * _slice - 1}"
+elif "RAVEN_PORT_RANGE" not in os.environ:
+    os.environ["RAVEN_PORT_RANGE"] = f"{PORTS_LOW}-{PORTS_HIGH - 1}"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

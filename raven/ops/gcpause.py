@@ -7,7 +7,9 @@ that was tens of milliseconds every couple of minutes, in every process at once.
 * :func:`install` (once per process, whatever number of services it runs) times every collection with
   ``gc.callbacks`` and raises the young-generation threshold, so that a busy data path triggers fewer, still
   small, collections (``GC_THRESHOLDS``).
-* :func:`settle_soon` is called when the long-lived state changed (start-up, a registration, an inventory
+* :func:`settle_at_start` runs the first settle (the full walk, below) at once, before a service opens a port or
+  a session, so that its pause falls on no traffic.
+* :func:`settle_soon` is called when the long-lived state changed (the rest of start-up, a registration, an inventory
   change, a session up or down, the front end's connections or an agent's connections to nodes grew by a
   step: ``on_grown`` of ConnectionGuard and of agent/upstream.py's UpstreamPool). Once that has been quiet for
   ``SETTLE_QUIET`` seconds (at most once per ``SETTLE_MIN_INTERVAL``, and no later than ``SETTLE_MAX_WAIT``
@@ -191,7 +193,9 @@ def settle_at_start() -> None:
     settles collect only the young generation. Without ``RAVEN_GC_TUNING`` it only installs the timing."""
     install()
     if tuning_enabled():
+        _SETTLER.stop()  # a pending settle's timer (another service of this process) is replaced, not orphaned
         _SETTLER.settle()
+        _SETTLER.soon()  # and what the rest of the start-up makes is frozen once it is quiet (young only)
 
 
 def settle_soon() -> None:

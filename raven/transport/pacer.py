@@ -96,7 +96,8 @@ class Pacer:
         return room
 
     def spent(self, size: int) -> None:
-        """``size`` bytes were written to the socket since the last :meth:`room`: the floor is that much lower."""
+        """``size`` bytes were written to the socket since the last :meth:`room`: the floor is that much lower.
+        The caller counts what the socket gets (its framing too), else the floor would run above the room."""
         self._credit -= size
 
     async def writable(self) -> None:

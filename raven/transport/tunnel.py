@@ -87,6 +87,7 @@ class Tunnel:
     HARD_LIMIT: Final = 16 << 20  # frames that do not wait (opens, heads, replies) beyond this: the peer is not reading
     WRITE_STALL_TIMEOUTS: Final = 3  # a write waiting this many heartbeat timeouts for the reader ends the session
     MIN_BUDGET: Final = 4096  # bytes taken from the core per send at the least (the kernel's room may be less)
+    FRAMING_OVERHEAD: Final = 40  # bytes the kernel gets per message beyond it: a WebSocket header (2-14), TLS (22+)
     MIN_TIMER_STEP: Final = 0.01  # seconds: a deadline already reached is looked at again no sooner than this
 
     def __init__(
@@ -452,8 +453,8 @@ class Tunnel:
                 for message in messages:
                     size += len(message)
                 self._in_transit += size
-                if pacer is not None:
-                    pacer.spent(size)
+                if pacer is not None:  # each message's WebSocket header and TLS record overhead counted too
+                    pacer.spent(size + self.FRAMING_OVERHEAD * len(messages))
                 self._send_since = self.loop.time()
                 await self.sink.send_many(messages)  # one wake-up of the writer, one await
                 self._send_since = None

@@ -24,12 +24,22 @@ def test_the_suite_runs_with_a_range_of_its_own_below_the_ephemeral_one() -> Non
         ephemeral_low = int(f.read().split()[0])
     assert 1024 <= low < high < ephemeral_low
     assert not low <= 10262 <= high and not low <= 9400 <= high  # the guide's and the exporters' fixed ports
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        # A slice of its own: the controller's import of tests/conftest.py set the whole range first, which every
+        # worker inherited (each used the whole range before a review caught it).
+        worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        width = (32_000 - 20_000) // workers
+        assert (low, high) == (20_000 + worker * width, 20_000 + (worker + 1) * width - 1), (worker, low, high)
 
 
 def test_ports_come_from_the_range_in_turn_and_skip_a_taken_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    span = launch.port_range()
+    assert span is not None
+    low, high = span  # this worker's own ports: no other worker's server holds one of them
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        base = 20_000 + probe.getsockname()[1] % 10_000  # some free-looking spot, not always the same
+        base = low + probe.getsockname()[1] % (high - low - 10)  # some spot in it, not always the same
     monkeypatch.setenv("RAVEN_PORT_RANGE", f"{base}-{base + 9}")
     monkeypatch.setattr(launch, "_cursor", {})
     first = launch.free_port()
