@@ -11,6 +11,7 @@ from raven.protocol import wire
 from raven.protocol.flow import RecvWindow, SendCredit
 from raven.transport.tunnel import Stream, StreamReset, Tunnel
 from tests.support.memsession import batched, core_session, frames, http_open, pair
+from tests.support.polling import eventually
 
 
 def test_flow_accounting() -> None:
@@ -259,12 +260,10 @@ async def test_an_idle_session_keeps_no_writer_task_but_keeps_its_heartbeat() ->
         await asyncio.sleep(0.6)
         # Each heartbeat's PING starts a writer for a moment (the check can land just after one was created):
         # an idle session is seen with none within a few turns, and a writer that stayed would never be.
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 2.0
-        while (gw._writer_task is not None or ag._writer_task is not None) and loop.time() < end:
-            await asyncio.sleep(0.005)
-        assert gw._writer_task is None and ag._writer_task is None
+        await eventually(lambda: gw._writer_task is None and ag._writer_task is None, 2.0,
+                         "an idle session with no writer task on either side", interval=0.005)
         assert not gw.closed and not ag.closed
+        loop = asyncio.get_running_loop()
         assert loop.time() - gw.core.last_rx < 0.5 and gw.core.rtt is not None  # PINGs answered
         stream = gw.open_stream(http_open())  # traffic brings a writer back
         assert gw._writer_task is not None
