@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtualenv in .venv with Raven and its test tools.
 # Usage: scripts/setup.sh [--dev]   (--dev adds pytest, hypothesis, ruff, mypy)
-# Raven is installed editable, pure Python by default. RAVEN_COMPILE=1 scripts/setup.sh compiles its per-scrape
-# modules with mypyc (raven/build.py lists them; gcc and the Python headers are needed; 1-4 minutes) and rebuilds
-# them whenever one of their sources changed, so an edit is never shadowed by a stale .so; at run time
-# RAVEN_BUILD=pure runs the pure modules from the same install (README "Compiled and pure builds"). The default
-# stays pure until the compiled build pays end to end (docs/performance.md: within noise of the pure one today).
+# Raven is installed editable, its per-scrape modules compiled with mypyc (raven/build.py lists them; 1-4 minutes
+# the first time), rebuilt whenever one of their sources changed, so an edit is never shadowed by a stale .so.
+# The compiled build needs gcc and the Python headers (Debian: gcc python3-dev; scripts/system-deps.sh installs
+# them): where they are missing, setup says so and installs the pure build, unless RAVEN_COMPILE=1 asked for the
+# compiled one (then it fails). RAVEN_COMPILE=0 installs the pure build. At run time RAVEN_BUILD=pure runs the
+# pure modules from the same install (README "Compiled and pure builds").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -35,19 +36,31 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     touch "$stamp"
 fi
 compiled=".venv/.compiled"
-if [ "${RAVEN_COMPILE:-0}" = "0" ]; then
+want="${RAVEN_COMPILE:-default}"
+if [ "$want" = "default" ]; then
+    # What mypyc's build needs besides the venv's mypy: a C compiler and Python.h.
+    if ! command -v gcc >/dev/null 2>&1 ||
+            [ ! -f "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("include"))')/Python.h" ]; then
+        echo "setup: no C compiler or no Python headers here (Debian: apt-get install gcc python3-dev):" \
+             "installing the pure build; RAVEN_COMPILE=1 makes this an error" >&2
+        want=0
+    else
+        want=1
+    fi
+fi
+if [ "$want" = "0" ]; then
     # The pure build: no compiled module may shadow its source (an editable install builds them in place).
     find raven gateway agent -name '*.cpython-*.so' -delete 2>/dev/null || true
     rm -f ./*__mypyc.cpython-*.so "$compiled"
 elif [ -f raven/build.py ] && { [ ! -f "$compiled" ] ||
         [ -n "$(find raven/build.py $(.venv/bin/python raven/build.py) -newer "$compiled")" ]; }; then
-    echo "setup: compiling the per-scrape modules with mypyc (log: .venv/build.log)"
+    echo "setup: compiling the per-scrape modules with mypyc, 1-4 minutes (log: .venv/build.log; RAVEN_COMPILE=0 skips)"
     # Compiled modules of an earlier list would shadow their sources: only the new build's remain.
     find raven gateway agent -name '*.cpython-*.so' -delete
     rm -f ./*__mypyc.cpython-*.so
     if ! pip install --no-build-isolation --no-deps -e . >.venv/build.log 2>&1; then
         tail -30 .venv/build.log >&2
-        echo "setup: the mypyc build failed (full log: .venv/build.log); RAVEN_COMPILE=0 (the default) installs the pure build" >&2
+        echo "setup: the mypyc build failed (full log: .venv/build.log); RAVEN_COMPILE=0 installs the pure build" >&2
         exit 1
     fi
     touch "$compiled"

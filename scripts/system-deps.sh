@@ -5,7 +5,8 @@
 # status page, loaded headless), ping and iperf3 (layer 3 across network namespaces), and nftables (the
 # layer-3 testbed's edge routers masquerade their sites behind NAT), Node.js with npm (the Prometheus
 # Operator's and cert-manager's schema validators for the manifests, scripts/validators.sh), and podman, buildah,
-# runc and debootstrap (tests/e2e/test_image.py builds the container image with scripts/image.sh and runs it).
+# runc and debootstrap (tests/e2e/test_image.py builds the container image with scripts/image.sh and runs it), and
+# gcc and python3-dev (the compiled build the tests run on, scripts/setup.sh).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -25,6 +26,10 @@ command -v podman >/dev/null 2>&1 || need+=(podman)  # the image: built and run 
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v runc >/dev/null 2>&1 || need+=(runc)  # crun refuses hosts with hybrid cgroups; runc does not
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)  # the image's base, from Debian packages
+# The compiled build (scripts/setup.sh, mypyc): a C compiler and the headers of the Python the venv is made from.
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+"${PYTHON:-python3}" -c 'import os, sys, sysconfig
+sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null || need+=(python3-dev)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

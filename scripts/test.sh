@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite: lint, types, unit, integration and e2e tests (on the pure build
-# that setup.sh installs by default; with RAVEN_COMPILE=1, on the compiled build and the unit tests once more pure).
-# Extra arguments go to pytest.
+# Set up (if needed) and run the whole test suite: lint, types, the unit tests on the pure modules of the install,
+# then unit, integration and e2e tests on the compiled build (what setup.sh installs and the image ships).
+# RAVEN_COMPILE=0 runs everything on the pure build. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --dev
-scripts/system-deps.sh
+scripts/system-deps.sh  # first: the compiled build needs its gcc and python3-dev
+RAVEN_COMPILE=${RAVEN_COMPILE:-1} scripts/setup.sh --dev
 scripts/validators.sh
 .venv/bin/ruff check raven gateway agent tests bench
 .venv/bin/mypy
@@ -13,8 +13,8 @@ scripts/validators.sh
 # (outages, timeouts, scrape intervals) about half of theirs. tests/support/xdistgroups.py keeps each module on one
 # worker and runs the tests that hold machine-wide things (the netns testbeds, fixed ports) one at a time.
 workers=${RAVEN_TEST_WORKERS:-2}
-# A compiled install (RAVEN_COMPILE=1 scripts/setup.sh): the unit suite once more on the pure build
-# (RAVEN_BUILD=pure: the interpreted modules, same install); the whole suite below runs on the compiled build.
+# A compiled install: the unit suite once more on the pure build (RAVEN_BUILD=pure: the interpreted modules, same
+# install; tests/unit/test_build.py compares the two); the whole suite below runs on the compiled build.
 if [ -f .venv/.compiled ]; then
     RAVEN_BUILD=pure .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" tests/unit
 fi

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 # A tag per work tree: two trees testing at once on one machine do not run each other's image.
 # What the image's `raven --version` prints: the image ships the compiled build (Dockerfile), whichever build
-# this checkout's own install is (scripts/setup.sh installs the pure one by default).
+# this checkout's own install is (compiled by default; pure where setup.sh had no compiler, or RAVEN_COMPILE=0).
 IMAGE_DESCRIBES = describe().rsplit("; ", 1)[0] + "; compiled build)"
 IMAGE = f"localhost/raven-tunnel:{__version__}-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 CONF = Path("/tmp/raven-podman/containers.conf")  # written by scripts/image.sh (ulimits, runc)

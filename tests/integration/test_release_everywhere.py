@@ -28,8 +28,8 @@ TEXT = (".md", ".yaml", ".yml", ".sh", ".py", ".json", ".txt", "")
 # The forms a release takes there (the repository's hook greps the same two).
 TAG = re.compile(r"raven-tunnel:([0-9][0-9A-Za-z.+_-]*)")
 NEW_TAG = re.compile(r"newTag:\s*[\"']?([0-9][0-9A-Za-z.+_-]*)")
-# The docs may show either build's line (the image ships the compiled one; setup.sh installs the pure one by
-# default): the release and the protocols must be this checkout's.
+# The docs may show either build's line (the image and setup.sh install the compiled one, RAVEN_COMPILE=0 the pure
+# one): the release and the protocols must be this checkout's.
 EITHER_BUILD = {describe().rsplit("; ", 1)[0] + f"; {b} build)" for b in ("compiled", "pure")}
 PRINTED = re.compile(r"raven [0-9][0-9A-Za-z.+_-]* \([^)\n]*protocol[^)\n]*\)")  # what `raven --version` prints
 
