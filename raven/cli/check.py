@@ -10,9 +10,12 @@ import datetime as dt
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from raven.check import checks, clock, descriptors, dnsprobe, pre, prom, reader, results
 from raven.errors import UsageError
+
+if TYPE_CHECKING:
+    from raven.check import reader
 
 DESCRIPTION = """\
 Check a Raven installation: the gateway Pods, the front Service's address against the hosts file, CoreDNS's
@@ -64,6 +67,7 @@ def _kubeconfig(explicit: Path | None) -> Path | None:
 
 
 def _token(args: argparse.Namespace, view: reader.ClusterView) -> str | None:
+    from raven.check import reader
     if args.token_file is not None:
         try:
             lines = [ln.strip() for ln in args.token_file.read_text().splitlines() if ln.strip()]
@@ -80,6 +84,10 @@ def _token(args: argparse.Namespace, view: reader.ClusterView) -> str | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the checks read the cluster with kubernetes_asyncio (~900 modules, ~25 MiB),
+    # and every command's parser is built at start-up, `raven agent`'s too.
+    from raven.check import checks, clock, descriptors, dnsprobe, pre, prom, reader, results
+
     if not 1 <= args.prometheus_replicas <= 100:
         raise UsageError("--prometheus-replicas must be from 1 to 100")
     if not 0 < args.timeout <= 600:
