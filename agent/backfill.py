@@ -16,7 +16,9 @@ from agent.checks import Policy
 from agent.forwarder import Forwarder
 from agent.outage import BackfillMetrics, Learner, OutageScraper
 from raven.config.agent import AgentBackfill
+from raven.deadline import Deadline
 from raven.ops.metrics import AgentMetrics
+from raven.protocol import wire
 from raven.transport.stream import Stream
 
 
@@ -31,12 +33,17 @@ class Backfill:
         m.backlog_bytes.set(self.backlog.bytes)
         m.backlog_scrapes.set(self.backlog.scrapes)
         m.targets.set_function(lambda: sum(t.learned for t in self.learner.targets.values()))
-        forwarder.on_answered = lambda frame, timeout, client: self.learner.observe(frame, timeout, client,
-                                                                                   time.time())
+        forwarder.on_answered = self._answered
         policy: Callable[[], Policy] = lambda: forwarder.policy  # noqa: E731 (a reload replaces it)
         self.server = BackfillServer(self.backlog, m, cfg.rate, cfg.batch_bytes)
         self.scraper = OutageScraper(self.learner, self.backlog, forwarder.upstream, forwarder.nodes, policy,
                                      connected, m, max_page=cfg.max_page)
+
+    def _answered(self, frame: wire.Open, deadline: Deadline, client: str) -> None:
+        """A relayed request answered 200: the learner takes when it arrived (its deadline was made then), on the
+        wall clock, with the timeout it was given."""
+        arrived = time.time() - (time.monotonic() - deadline.started)
+        self.learner.observe(frame, deadline.budget, client, arrived)
 
     def on_open(self, stream: Stream) -> None:
         self.server.on_open(stream)

@@ -34,6 +34,7 @@ from agent.upstream import (
     UpstreamPool,
 )
 from raven.aio import cancel_and_wait
+from raven.deadline import Deadline
 from raven.lograte import RateLimitedLog
 from raven.ops.metrics import AgentMetrics
 from raven.protocol import filter_headers, wire
@@ -51,8 +52,8 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> wire.Headers:
 
 class Forwarder:
     compress_mode: compress.Mode = "auto"  # gzip before the uplink (agent/compress.py); set from the agent's config
-    # Told of every relayed request answered 200: (OPEN, its timeout, its client key); agent/outage.py learns from it.
-    on_answered: Callable[[wire.Open, float, str], None] | None = None
+    # Told of every relayed request answered 200: (OPEN, its deadline, its client key); agent/outage.py learns from it.
+    on_answered: Callable[[wire.Open, Deadline, str], None] | None = None
 
     def __init__(
         self,
@@ -331,7 +332,7 @@ class Forwarder:
                     return
                 stream.end()
                 if resp.status == 200 and self.on_answered is not None:
-                    self.on_answered(frame, req.deadline.budget, req.client)
+                    self.on_answered(frame, req.deadline, req.client)
                 self._from_node.inc(sent)
                 self._to_gateway.inc(sent if gz is None else gz.wire)
                 log.debug("%s %s: %d bytes from %s in %d reads", frame.method, frame.target, sent, frame.node, chunks)

@@ -67,7 +67,7 @@ class Target:
     accept: str
     timeout: float
     interval: float = 0.0
-    last: float = 0.0  # wall clock of the latest relayed scrape (any client)
+    last: float = 0.0  # wall clock of the latest relayed scrape's arrival (any client)
     clients: dict[str, float] = field(default_factory=dict)  # client key -> its latest scrape
     gaps: list[float] = field(default_factory=list)  # the latest gaps between one client's scrapes
 
@@ -92,7 +92,9 @@ class Learner:
         self.latest = 0.0  # the latest relayed scrape of any target
 
     def observe(self, frame: wire.Open, timeout: float, client: str, now: float) -> None:
-        """A relayed request was answered 200 at ``now`` (wall clock): learn from it when it was a scrape."""
+        """A relayed request that arrived at ``now`` (wall clock) was answered 200: learn from it when it was a
+        scrape. The arrival, not the answer: a node's time to answer varies (a busy exporter, a pause on the path),
+        and the gaps between answers with it; the least gap would be short of the interval by that much."""
         if frame.method != "GET" or frame.kind != wire.StreamKind.HTTP:
             return
         accept = accept_of(frame.headers)

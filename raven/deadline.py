@@ -41,6 +41,11 @@ class Deadline:
         budget = min(own, clamp_deadline_ms(deadline_ms) / 1000) if deadline_ms else own
         return cls.after(budget)
 
+    @property
+    def started(self) -> float:
+        """The ``time.monotonic()`` reading it was made at (the agent: when the OPEN arrived)."""
+        return self.at - self.budget
+
     def left(self) -> float:
         """Seconds left (0.0 once it passed)."""
         return max(0.0, self.at - time.monotonic())

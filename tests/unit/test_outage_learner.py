@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import random
+import time
+import types
 
+from agent.backfill import Backfill
 from agent.outage import DEFAULT_ACCEPT, GAPS, Learner, accept_of
+from raven.config.agent import AgentBackfill
+from raven.deadline import Deadline
+from raven.ops.metrics import AgentMetrics
 from raven.protocol import wire
 
 PROM_ACCEPT = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6,"
@@ -111,3 +117,20 @@ def test_behind_an_older_gateway_the_agent_that_relayed_a_targets_latest_scrape_
         twice = [n for n, k in keepers.items() if k == 2]
         doubled += len(twice)
     assert doubled / (20 * len(nodes)) < 0.15, doubled  # 12 % here; 4 % with 1,000 nodes
+
+
+def test_the_agent_learns_the_interval_from_when_scrapes_arrive_not_when_they_were_answered() -> None:
+    """agent/backfill.py hands the learner each relayed scrape's arrival (when its deadline was made), so a node
+    whose answers take a varying time (a busy exporter, a pause on the path) is learned at its real interval. Here
+    ten scrapes arrived 1 s apart and were all answered in the same instant: gaps between answers would be ~0
+    (nothing learned); between arrivals they are the interval."""
+    forwarder = types.SimpleNamespace(on_answered=None, upstream=None, nodes=dict, policy=None)
+    backfill = Backfill(AgentBackfill(), forwarder, AgentMetrics(), lambda: True)  # type: ignore[arg-type]
+    assert forwarder.on_answered is not None
+    now = time.monotonic()
+    for k in range(10):
+        arrived = now - 10.0 + k  # the OPEN's arrival; its deadline was made then
+        forwarder.on_answered(_scrape(), Deadline.after(0.9, start=arrived), "p")
+    t = backfill.learner.targets[("edge-gpu-1", 9400, "/metrics")]
+    assert abs(t.interval - 1.0) < 0.01 and t.timeout == 0.9
+    assert abs(t.last - (time.time() - 1.0)) < 0.5  # the latest arrival, on the wall clock
