@@ -42,7 +42,7 @@ class Backfill:
     def _answered(self, frame: wire.Open, deadline: Deadline, client: str) -> None:
         """A relayed request answered 200: the learner takes when it arrived (its deadline was made then), on the
         wall clock, with the timeout it was given."""
-        arrived = time.time() - (time.monotonic() - deadline.started)
+        arrived = time.time() - deadline.age()
         self.learner.observe(frame, deadline.budget, client, arrived)
 
     def on_open(self, stream: Stream) -> None:

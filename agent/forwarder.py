@@ -92,7 +92,8 @@ class Forwarder:
         self._slots: dict[str, FairSlots] = {}  # node -> its upstream slots (dropped when idle)
         self._log = RateLimitedLog(log)
         # prometheus-client's labels() costs microseconds a call: the children every scrape counts, looked up once
-        # (requests by (kind, code): a handful of fixed codes, so the table stays small).
+        # (requests by (kind, code): the codes are Raven's few and the node's statuses, as many as the metric's own
+        # children).
         self._to_node = metrics.bytes.labels("to_node")
         self._from_node = metrics.bytes.labels("from_node")
         self._to_gateway = metrics.bytes.labels("to_gateway")

@@ -112,7 +112,7 @@ class Learner:
         t.clients[client] = now
         if len(t.clients) > 8:  # clients that no longer scrape it
             del t.clients[min(t.clients, key=t.clients.__getitem__)]
-        t.last = now
+        t.last = max(t.last, now)  # answers of an HA pair's scrapes may come in another order than they arrived
         self.latest = max(self.latest, now)
         if prev is None:
             return
@@ -132,7 +132,7 @@ class Learner:
         (rendezvous hashing, gateway/rendezvous.py), while that agent is up: the agent that keeps a target is the
         one that relayed its scrapes, and it relayed the latest within an interval of the latest scrape it relayed
         of anything (the cut came less than an interval after it; the margin, a quarter interval and at most 1 s,
-        is for scrape durations). Another agent relayed it, if ever, when the pool's agents were not the same.
+        is for the spread of arrivals). Another agent relayed it, if ever, when the pool's agents were not the same.
 
         Where this agent was the target's only relayer (its latest gaps all one interval) and the scrapes moved
         to another agent (one joined the pool, or came back), that one can scrape it only once it has learned the

@@ -86,6 +86,24 @@ def prefer_sources() -> None:
         sys.meta_path.insert(0, _SourcesFirst(module_names()))
 
 
+def stale(root: str | None = None) -> list[str]:
+    """The compiled modules of a source tree (an editable install: each extension beside its source) whose source
+    changed since it was built: Python imports the extension first, so an edit would not run until setup.sh builds
+    again. Empty for a pure tree. For the tests' start (tests/conftest.py), not for an installed package, whose
+    files' times are the installer's."""
+    base = root if root is not None else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    old = []
+    for rel in COMPILED:
+        source = os.path.join(base, rel)
+        stem = source.removesuffix(".py")
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if os.path.isfile(stem + suffix):
+                if os.path.getmtime(source) > os.path.getmtime(stem + suffix):
+                    old.append(rel)
+                break
+    return old
+
+
 def running() -> str:
     """``compiled`` when the compiled modules are the ones imported, else ``pure``."""
     from raven.protocol import wire

@@ -41,10 +41,9 @@ class Deadline:
         budget = min(own, clamp_deadline_ms(deadline_ms) / 1000) if deadline_ms else own
         return cls.after(budget)
 
-    @property
-    def started(self) -> float:
-        """The ``time.monotonic()`` reading it was made at (the agent: when the OPEN arrived)."""
-        return self.at - self.budget
+    def age(self) -> float:
+        """Seconds since it was made (the agent: since the OPEN arrived)."""
+        return time.monotonic() - (self.at - self.budget)
 
     def left(self) -> float:
         """Seconds left (0.0 once it passed)."""

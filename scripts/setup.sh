@@ -37,32 +37,43 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
 fi
 compiled=".venv/.compiled"
 want="${RAVEN_COMPILE:-default}"
+case "$want" in
+    0 | 1 | default) ;;
+    *) echo "setup: RAVEN_COMPILE must be 1 (the compiled build) or 0 (the pure one), not '$want'" >&2; exit 2 ;;
+esac
+pure() {  # the pure build: no compiled module may shadow its source (an editable install builds them in place)
+    find raven gateway agent -name '*.cpython-*.so' -delete 2>/dev/null || true
+    rm -f ./*__mypyc.cpython-*.so "$compiled"
+}
 if [ "$want" = "default" ]; then
-    # What mypyc's build needs besides the venv's mypy: a C compiler and Python.h.
-    if ! command -v gcc >/dev/null 2>&1 ||
-            [ ! -f "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("include"))')/Python.h" ]; then
-        echo "setup: no C compiler or no Python headers here (Debian: apt-get install gcc python3-dev):" \
-             "installing the pure build; RAVEN_COMPILE=1 makes this an error" >&2
+    # What mypyc's build needs besides the venv's mypy: a C compiler that finds the C library's and Python's headers.
+    inc="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("include"))')"
+    if ! printf '#include <Python.h>\n' | gcc -fsyntax-only -I"$inc" -x c - >/dev/null 2>&1; then
+        echo "setup: no C compiler or no C/Python headers here (Debian: apt-get install gcc libc6-dev" \
+             "python3-dev): installing the pure build; RAVEN_COMPILE=1 makes this an error" >&2
         want=0
-    else
-        want=1
     fi
 fi
 if [ "$want" = "0" ]; then
-    # The pure build: no compiled module may shadow its source (an editable install builds them in place).
-    find raven gateway agent -name '*.cpython-*.so' -delete 2>/dev/null || true
-    rm -f ./*__mypyc.cpython-*.so "$compiled"
+    pure
 elif [ -f raven/build.py ] && { [ ! -f "$compiled" ] ||
         [ -n "$(find raven/build.py $(.venv/bin/python raven/build.py) -newer "$compiled")" ]; }; then
     echo "setup: compiling the per-scrape modules with mypyc, 1-4 minutes (log: .venv/build.log; RAVEN_COMPILE=0 skips)"
     # Compiled modules of an earlier list would shadow their sources: only the new build's remain.
     find raven gateway agent -name '*.cpython-*.so' -delete
     rm -f ./*__mypyc.cpython-*.so
-    if ! pip install --no-build-isolation --no-deps -e . >.venv/build.log 2>&1; then
+    if pip install --no-build-isolation --no-deps -e . >.venv/build.log 2>&1; then
+        touch "$compiled"
+    elif [ "$want" = "default" ]; then
+        tail -5 .venv/build.log >&2
+        echo "setup: the mypyc build failed (full log: .venv/build.log): installing the pure build;" \
+             "RAVEN_COMPILE=1 makes this an error" >&2
+        pure
+        RAVEN_COMPILE=0 pip install --no-build-isolation --no-deps -e . >>.venv/build.log 2>&1
+    else
         tail -30 .venv/build.log >&2
         echo "setup: the mypyc build failed (full log: .venv/build.log); RAVEN_COMPILE=0 installs the pure build" >&2
         exit 1
     fi
-    touch "$compiled"
 fi
 .venv/bin/raven --version

@@ -26,10 +26,13 @@ command -v podman >/dev/null 2>&1 || need+=(podman)  # the image: built and run 
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v runc >/dev/null 2>&1 || need+=(runc)  # crun refuses hosts with hybrid cgroups; runc does not
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)  # the image's base, from Debian packages
-# The compiled build (scripts/setup.sh, mypyc): a C compiler and the headers of the Python the venv is made from.
+# The compiled build (scripts/setup.sh, mypyc): a C compiler, the C library's headers, and the headers of the
+# Python the venv is made from (Debian's package for that version: python3.11-dev for python3.11).
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
+[ -f /usr/include/stdio.h ] || need+=(libc6-dev)
 "${PYTHON:-python3}" -c 'import os, sys, sysconfig
-sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null || need+=(python3-dev)
+sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null ||
+    need+=("python$("${PYTHON:-python3}" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev")
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

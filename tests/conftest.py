@@ -61,6 +61,19 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (-p no:xdist) nothing to schedule
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test a compiled module older than its source: Python would import the build, not the edit."""
+    if os.environ.get("RAVEN_BUILD") == "pure":
+        return
+    from raven.build import stale
+
+    old = stale()
+    if old:
+        more = " ..." if len(old) > 4 else ""
+        pytest.exit(f"compiled modules older than their sources ({', '.join(old[:4])}{more}): run bash "
+                    "scripts/setup.sh to build them again, or RAVEN_BUILD=pure to test the sources", returncode=4)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (scripts/test.sh: -n 2), each module whole on one worker and the tests that hold
     machine-wide things one at a time: tests/support/xdistgroups.py."""

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,20 @@ def test_compiled_and_pure_codec_and_core_agree_on_fuzzed_bytes() -> None:
         assert 0.2 * PER_SEED < raised < 0.9 * PER_SEED  # both valid frames and errors were exercised
         for c, p in zip(compiled["results"], pure["results"], strict=True):
             assert c == p, f"seed {seed}: the builds differ on {c[0]}"
+
+
+def test_a_compiled_module_older_than_its_source_is_named(tmp_path: Path) -> None:
+    """tests/conftest.py refuses to test a tree whose compiled module predates an edit of its source."""
+    rel = build.COMPILED[0]
+    source = tmp_path / rel
+    source.parent.mkdir(parents=True)
+    source.write_text("x = 1\n")
+    ext = source.with_name(source.stem + importlib.machinery.EXTENSION_SUFFIXES[0])
+    ext.write_bytes(b"")
+    os.utime(source, (1000, 1000))
+    os.utime(ext, (2000, 2000))
+    assert build.stale(str(tmp_path)) == []  # built after its source
+    os.utime(source, (3000, 3000))
+    assert build.stale(str(tmp_path)) == [rel]  # edited since
+    ext.unlink()
+    assert build.stale(str(tmp_path)) == []  # a pure tree
