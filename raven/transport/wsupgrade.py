@@ -14,8 +14,9 @@ reader on the connection (``protocol.set_parser``):
   handshake then fails on its deadline. Closing the aiohttp response afterwards releases its connection.
 
 What of aiohttp's is not public, all of it checked by tests/integration/test_wslink.py and every tunnel test:
-``WebSocketResponse._post_start`` (its ``_ws_protocol``, ``_writer``, ``_set_closed``), the server protocol's
-``set_parser``, ``_upgraded`` and ``_parser`` (its HTTP parser, dropped once the connection is upgraded),
+``WebSocketResponse._post_start`` (its ``_ws_protocol``, ``_set_closed``; its ``_writer`` is left unset, so
+``prepared`` is the link's), the server protocol's ``set_parser``, ``_upgraded`` and ``_parser`` (its HTTP parser,
+dropped once the connection is upgraded),
 ``ClientWebSocketResponse._response``, the client protocol's ``set_parser`` and the protocols' ``_drain_helper``
 (the wait for ``resume_writing``, as aiohttp's own writer waits).
 
@@ -53,9 +54,14 @@ class TunnelResponse(web.WebSocketResponse):
         self._drain_timeout = drain_timeout
         self.link: WsLink | None = None
 
+    @property
+    def prepared(self) -> bool:
+        return self.link is not None
+
     def _post_start(self, request: web.BaseRequest, protocol: str | None, writer: Any) -> None:
+        # aiohttp's WebSocket writer (``writer``) is not kept: the link writes every frame, and the writer with
+        # its task set was half a kilobyte per session. ``prepared`` says so from the link instead.
         self._ws_protocol = protocol
-        self._writer = writer
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost during the upgrade")
