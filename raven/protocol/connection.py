@@ -64,9 +64,7 @@ class Connection:
     def __init__(self, *, opener: bool, limits: wire.Limits = wire.DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.opener = opener
         self.limits = limits
-        # The agent's HELLO (sent, or received) while the handshake is under way: let go at OPEN, where its numbers
-        # are agreed (a session's life long it was an object and strings no one read).
-        self.hello: wire.Hello | None = None
+        self.hello: wire.Hello | None = None  # the agent's HELLO (sent or received) until OPEN, then let go
         self._greeting: list[bytes] | None = None  # the handshake's messages (one frame each, never batched)
         # What the handshake agrees (:meth:`_agree`); nothing flows before it.
         self.version = 0
@@ -164,17 +162,9 @@ class Connection:
         """What leaves now as WebSocket messages: the handshake's (one frame each), then (one per frame in version
         1, batched from version 2) every control frame, then streams' data in the outbox's order of service up to
         ``budget`` bytes (None: all)."""
-        greeting = self._greeting
-        if greeting is not None:
-            self._greeting = None  # an idle session keeps no empty list (memory per idle session)
-            return greeting + self.out.take(budget)
-        return self.out.take(budget)
-
-    def _greet(self, frame: wire.Frame) -> None:
-        """Queue one of the handshake's frames (raven/protocol/handshake.py): a message of its own."""
-        if self._greeting is None:
-            self._greeting = []
-        self._greeting.append(wire.encode(frame))
+        greeting, self._greeting = self._greeting, None  # an idle session keeps no empty list
+        out = self.out.take(budget)
+        return out if greeting is None else greeting + out
 
     # ------------------------------------------------------------ local actions
 

@@ -77,9 +77,9 @@ class Tunnel:
     """
 
     __slots__ = (
-        "__weakref__", "_close_done", "_closed_fut", "_in_transit", "_out_waiter", "_pacer", "_room_waiters",
-        "_send_since", "_tasks", "_timer", "_timer_at", "_writer_task", "core", "loop", "name", "on_closing",
-        "on_control", "on_datagram", "on_open", "on_stream_closed", "sink", "streams",
+        "__weakref__", "_closed_fut", "_in_transit", "_out_waiter", "_pacer", "_room_waiters", "_send_since",
+        "_tasks", "_timer", "_timer_at", "_writer_task", "core", "loop", "name", "on_closing", "on_control",
+        "on_datagram", "on_open", "on_stream_closed", "sink", "streams",
     )
 
     HIGH_WATER: Final = 1 << 20  # bytes queued for the transport before stream writers wait
@@ -117,11 +117,9 @@ class Tunnel:
         self._out_waiter: asyncio.Future[None] | None = None
         self._in_transit = 0  # bytes the writer took from the core and has not finished sending
         self._send_since: float | None = None  # when the send in progress began (a stalled peer is cut off)
-        # Made when needed, let go when empty: an idle session holds no container or future it does not use.
-        self._room_waiters: list[tuple[int, asyncio.Future[None]]] | None = None  # stream writers waiting for room
+        self._room_waiters: list[tuple[int, asyncio.Future[None]]] | None = None  # writers waiting for room, if any
         self._pacer = Pacer.of(sock, self.loop)  # ``sock``: the transport's TCP socket, if it has one
-        self._close_done = False  # close() has finished
-        self._closed_fut: asyncio.Future[None] | None = None  # for those who wait for close() to finish
+        self._closed_fut: asyncio.Future[None] | None = None  # made by close() or by a wait for it
         self._tasks: list[asyncio.Task[None]] | None = None  # close() in a task of its own, then the writer
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -234,19 +232,12 @@ class Tunnel:
             stream.aborted(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
             self._release(stream)
         current = asyncio.current_task()
-        tasks = self._tasks
-        if tasks is None:
-            tasks = self._tasks = []
-        if self._writer_task is not None and self._writer_task is not current:
-            tasks.append(self._writer_task)
+        tasks = [t for t in (*(self._tasks or ()), self._writer_task) if t is not None and t is not current]
         for task in tasks:
-            if task is not current:
-                task.cancel()
-        waiters, self._room_waiters = self._room_waiters, None
-        if waiters is not None:
-            for _, fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            task.cancel()
+        for _, fut in self._room_waiters or ():
+            if not fut.done():
+                fut.set_result(None)
         last = self.core.data_to_send()  # frames queued before the end, then GOAWAY when there is one
         if last and self.core.close_code:
             with contextlib.suppress(Exception):
@@ -257,26 +248,21 @@ class Tunnel:
             async with asyncio.timeout(2.0):
                 await self.sink.close()
         for task in tasks:
-            if task is not current:
-                with contextlib.suppress(BaseException):
-                    await task
-        self._close_done = True
-        if self._closed_fut is not None and not self._closed_fut.done():
+            with contextlib.suppress(BaseException):
+                await task
+        self._closed_fut = self._closed_fut or self.loop.create_future()
+        if not self._closed_fut.done():
             self._closed_fut.set_result(None)
 
     async def wait_closed(self) -> None:
         """Wait until :meth:`close` has finished (a cancelled waiter leaves the session alone)."""
-        if self._close_done:
-            return
         if self._closed_fut is None:
-            self._closed_fut = self.loop.create_future()  # lighter than an Event, and only while someone waits
+            self._closed_fut = self.loop.create_future()  # lighter than an Event, and only once someone waits
         await asyncio.shield(self._closed_fut)
 
     def _close_soon(self, reason: str, code: int = 0) -> None:
         if self.core.state is not SessionState.CLOSED:
-            if self._tasks is None:
-                self._tasks = []
-            self._tasks.append(self.loop.create_task(self.close(reason, code)))
+            self._tasks = [*(self._tasks or ()), self.loop.create_task(self.close(reason, code))]
 
     # ------------------------------------------------------------ events from the core, through a table
 
@@ -368,9 +354,7 @@ class Tunnel:
     async def wait_send_room(self, stream_id: int) -> None:
         while self.congested(stream_id) and self.core.state in LIVE:
             fut = self.loop.create_future()
-            if self._room_waiters is None:
-                self._room_waiters = []
-            self._room_waiters.append((stream_id, fut))
+            self._room_waiters = [*(self._room_waiters or ()), (stream_id, fut)]
             await fut
         if self.core.state not in LIVE:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
@@ -486,12 +470,9 @@ class Tunnel:
 
     def _wake_writers(self) -> None:
         """Stream writers waiting for room: all of them below ``LOW_WATER``, else those that may add now."""
-        waiters = self._room_waiters
-        if waiters is None:
-            return
         low = self.core.pending_bytes + self._in_transit <= self.LOW_WATER
         waiting: list[tuple[int, asyncio.Future[None]]] = []
-        for sid, fut in waiters:
+        for sid, fut in self._room_waiters or ():
             if fut.done():
                 continue
             if low or not self.congested(sid):
