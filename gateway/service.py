@@ -34,7 +34,7 @@ from raven.dns.hosts import NAMES_ROOM
 from raven.dns.publisher import HostsPublisher, file_sink
 from raven.hostport import split_host_port
 from raven.http.guard import ConnectionGuard, GuardLimits
-from raven.http.listener import GuardedSite, descriptor_budget, guarded_handler
+from raven.http.listener import GuardedSite, descriptor_budget
 from raven.ops import gcpause
 from raven.ops.fdlimit import check_descriptors
 from raven.ops.metrics import GatewayMetrics, set_cert_expiry
@@ -349,7 +349,8 @@ class Gateway:
         # The TLS handshake and the upgrade request each have handshake_timeout (the guard), then HELLO too.
         # A low-level server with one path rather than an Application: every session's handler stays suspended
         # for the session's life, and the router, the middleware chain and their frames would stay with it.
-        tunnel_server = web.Server(guarded_handler(self.tunnel_guard, self.tunnel.handle))
+        self.tunnel.guard = self.tunnel_guard  # the handler tells the guard itself (no wrapper per session)
+        tunnel_server = web.Server(self.tunnel.handle)
         tunnel_runner = web.ServerRunner(tunnel_server, access_log=None, shutdown_timeout=2.0)
         await tunnel_runner.setup()
         self._runners.append(tunnel_runner)

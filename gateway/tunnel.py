@@ -20,6 +20,7 @@ from gateway.registry import AgentSession, Registry, told
 from raven import pki, version
 from raven.aio import cancel_and_wait
 from raven.config import GatewayConfig
+from raven.http.guard import ConnectionGuard
 from raven.lograte import RateLimitedLog
 from raven.ops import gcpause
 from raven.ops.client import parse_date
@@ -100,6 +101,10 @@ class TunnelEndpoint:
         self.empty_since: float | None = None
         self._log = RateLimitedLog(log)
         self.layer3: GatewayLayer3 | None = None  # set by the service when layer3.enabled
+        # The tunnel port's connection guard (set by the service): told when a request starts and ends, here
+        # rather than by a wrapping handler (raven/http/listener.py's guarded_handler), whose coroutine would
+        # stay suspended beside this one for every session's life.
+        self.guard: ConnectionGuard | None = None
         self.session_buckets = Buckets(cfg.session_rate, cfg.session_burst)
         self.register_buckets = Buckets(cfg.register_rate, cfg.register_burst)
         self.routes_buckets = Buckets(cfg.register_rate, cfg.register_burst)
@@ -164,37 +169,46 @@ class TunnelEndpoint:
         """The tunnel port's only resource: ``GET`` (or ``HEAD``) on ``tunnel.path``; 404 and 405 elsewhere.
 
         The port is a low-level aiohttp server rather than an Application: this coroutine stays suspended for
-        the session's life, and a router and middleware chain would keep their frames alive beside it.
+        the session's life, and a router and middleware chain would keep their frames alive beside it (so would
+        a wrapper that tells the guard: this coroutine tells it itself).
         """
-        if request.path != self.path:
-            raise web.HTTPNotFound()
-        if request.method not in ("GET", "HEAD"):
-            raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
-        peer = request.remote or "?"
-        if self.draining:
-            return self._refuse(peer, Reason.GATEWAY_DRAINING, "gateway is draining")
-        ident = self._identity(request, peer)
-        if not isinstance(ident, pki.Identity):
-            return ident
-        claim = Claim(ident.name, ident.common_name, frozenset(ident.pools), ident.cidrs)
-        clock = agent_clock_offset(request.headers.get("Date"), time.time())
-        del ident  # this frame lives as long as the session: keep the four fields, not the parsed certificate
-
-        # aiohttp answers the Upgrade; from its 101 on, the connection's bytes are the link's (transport/wslink.py).
-        ws = TunnelResponse(max_message=self.cfg.limits.max_frame)
-        await ws.prepare(request)
-        task = asyncio.current_task()
-        if task is not None:
-            self.handlers.add(task)
+        guard = self.guard
+        if guard is not None:
+            guard.request_started(request)
         try:
-            if ws.link is not None:
-                await self._serve(ws.link, claim, peer, clock)
-        finally:
+            if request.path != self.path:
+                raise web.HTTPNotFound()
+            if request.method not in ("GET", "HEAD"):
+                raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
+            peer = request.remote or "?"
+            if self.draining:
+                return self._refuse(peer, Reason.GATEWAY_DRAINING, "gateway is draining")
+            ident = self._identity(request, peer)
+            if not isinstance(ident, pki.Identity):
+                return ident
+            claim = Claim(ident.name, ident.common_name, frozenset(ident.pools), ident.cidrs)
+            clock = agent_clock_offset(request.headers.get("Date"), time.time())
+            del ident  # this frame lives as long as the session: keep the four fields, not the parsed certificate
+
+            # aiohttp answers the Upgrade; from its 101 on, the connection's bytes are the link's
+            # (transport/wslink.py).
+            ws = TunnelResponse(max_message=self.cfg.limits.max_frame)
+            await ws.prepare(request)
+            task = asyncio.current_task()
             if task is not None:
-                self.handlers.discard(task)
-            if not ws.closed:
-                await ws.close()
-        return ws
+                self.handlers.add(task)
+            try:
+                if ws.link is not None:
+                    await self._serve(ws.link, claim, peer, clock)
+            finally:
+                if task is not None:
+                    self.handlers.discard(task)
+                if not ws.closed:
+                    await ws.close()
+            return ws
+        finally:
+            if guard is not None:
+                guard.request_finished(request)
 
     def _admit(self, claim: Claim, peer: str, hello: wire.Hello) -> wire.Welcome:
         """The gateway's policy for one HELLO: the WELCOME, or :class:`HandshakeRefused` (GOAWAY with the reason)."""

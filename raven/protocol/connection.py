@@ -64,8 +64,8 @@ class Connection:
     def __init__(self, *, opener: bool, limits: wire.Limits = wire.DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.opener = opener
         self.limits = limits
-        self.hello: wire.Hello | None = None  # the agent's HELLO (sent, or received)
-        self._greeting: list[bytes] = []  # the handshake's messages: one frame each, never batched
+        self.hello: wire.Hello | None = None  # the agent's HELLO (sent or received) until OPEN, then let go
+        self._greeting: list[bytes] | None = None  # the handshake's messages (one frame each, never batched)
         # What the handshake agrees (:meth:`_agree`); nothing flows before it.
         self.version = 0
         self.batched = False
@@ -95,6 +95,7 @@ class Connection:
                peer_max_streams: int, heartbeat_interval: float, heartbeat_timeout: float, now: float) -> None:
         """HANDSHAKE -> OPEN on the numbers both sides agreed, the heartbeat counted from ``now``."""
         self._set(SessionEvent.AGREED)
+        self.hello = None
         self.version = version
         self.batched = version >= wire.BATCHED_FROM
         self.out = Outbox(self.batched)
@@ -161,10 +162,9 @@ class Connection:
         """What leaves now as WebSocket messages: the handshake's (one frame each), then (one per frame in version
         1, batched from version 2) every control frame, then streams' data in the outbox's order of service up to
         ``budget`` bytes (None: all)."""
-        if self._greeting:
-            greeting, self._greeting = self._greeting, []
-            return greeting + self.out.take(budget)
-        return self.out.take(budget)
+        greeting, self._greeting = self._greeting, None  # an idle session keeps no empty list
+        out = self.out.take(budget)
+        return out if greeting is None else greeting + out
 
     # ------------------------------------------------------------ local actions
 

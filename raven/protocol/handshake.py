@@ -77,7 +77,7 @@ class ClientConnection(Connection):
     def __init__(self, hello: wire.Hello, limits: wire.Limits = wire.DEFAULT_LIMITS, now: float = 0.0) -> None:
         super().__init__(opener=False, limits=limits, now=now)
         self.hello = hello
-        self._greeting.append(wire.encode(hello))
+        self._greeting = [*(self._greeting or ()), wire.encode(hello)]
 
     def receive_welcome(self, message: bytes | bytearray | memoryview, now: float,
                         supported: Sequence[int] = wire.SUPPORTED_VERSIONS) -> wire.Welcome:
@@ -121,7 +121,7 @@ class ServerConnection(Connection):
         """Answer WELCOME: OPEN on its numbers (heartbeat from ``now``). The gateway grants ``welcome.window`` and
         opens at most what both sides allow."""
         hello = _under_way(self, "accept() needs a HELLO")
-        self._greeting.append(wire.encode(welcome))
+        self._greeting = [*(self._greeting or ()), wire.encode(welcome)]
         self._agree(version=welcome.version, local_window=welcome.window, peer_window=hello.window,
                     local_max_streams=welcome.max_streams,
                     peer_max_streams=min(hello.max_streams, welcome.max_streams),
@@ -132,5 +132,5 @@ class ServerConnection(Connection):
         """Answer GOAWAY (code PROTOCOL, ``text`` for people): ENDED."""
         if self.state is not SessionState.HANDSHAKE:
             raise LocalProtocolError(f"refuse() needs a handshake under way: the connection is {self.state.value}")
-        self._greeting.append(wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, text)))
+        self._greeting = [*(self._greeting or ()), wire.encode(wire.GoAway(wire.ResetCode.PROTOCOL, text))]
         self.fail(text)

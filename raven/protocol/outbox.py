@@ -66,11 +66,13 @@ class Outbox:
     def __init__(self, batched: bool) -> None:
         self.batched = batched
         self._data_head = 10 if batched else 6  # a DATA frame's header (and its length prefix)
-        self._frames: list[_Out] = []  # control frames: everything queued leaves at the next take
-        self._last: list[_Out] = []  # GOAWAY
+        # The lists exist only while they hold something: an idle session's outbox keeps none (four empty lists
+        # were a quarter of a kilobyte per session).
+        self._frames: list[_Out] | None = None  # control frames: everything queued leaves at the next take
+        self._last: list[_Out] | None = None  # GOAWAY
         self._flows: dict[int, _Flow] = {}  # per stream while it lives (and the packets' flow)
-        self._ready: list[tuple[int, int, int]] = []  # (place in line, turn, flow id): small flows with frames
-        self._bulk: list[tuple[int, int, int]] = []  # the same for bulk flows (their place: the turn, round robin)
+        self._ready: list[tuple[int, int, int]] | None = None  # (place in line, turn, flow id): small flows queued
+        self._bulk: list[tuple[int, int, int]] | None = None  # the same for bulk flows (their place: the turn)
         self._small_turns = 0  # small turns served in a row while bulk waited
         self._turn = 0
         self.pending_bytes = 0  # bytes queued and not yet taken
@@ -85,7 +87,14 @@ class Outbox:
     def frame(self, frame: wire.Frame) -> None:
         """A control frame (or a stream's frame that need not wait for its data): it leaves at the next take."""
         out = self._encoded(frame)  # encoding raises for unencodable input before anything is queued
-        (self._last if isinstance(frame, wire.GoAway) else self._frames).append(out)
+        if isinstance(frame, wire.GoAway):
+            if self._last is None:
+                self._last = []
+            self._last.append(out)
+        elif self._frames is None:
+            self._frames = [out]
+        else:
+            self._frames.append(out)
 
     def after_data(self, stream_id: int, frame: wire.Frame) -> None:
         """A stream's END or RESET: behind its queued DATA if it has any, else at the next take."""
@@ -126,8 +135,15 @@ class Outbox:
 
     def _enter(self, flow_id: int, flow: _Flow) -> None:
         flow.entry = self._turn
-        bulk = flow.sent >= self.BULK_AFTER
-        heapq.heappush(self._bulk if bulk else self._ready, (min(flow.sent, self.BULK_AFTER), self._turn, flow_id))
+        entry = (min(flow.sent, self.BULK_AFTER), self._turn, flow_id)
+        if flow.sent >= self.BULK_AFTER:
+            if self._bulk is None:
+                self._bulk = []
+            heapq.heappush(self._bulk, entry)
+        else:
+            if self._ready is None:
+                self._ready = []
+            heapq.heappush(self._ready, entry)
         self._turn += 1
 
     def queued(self, stream_id: int) -> int:
@@ -140,11 +156,15 @@ class Outbox:
         flow = self._flows.pop(stream_id, None)
         if flow is not None:
             self.pending_bytes -= flow.queued
-        if len(self._ready) + len(self._bulk) > 2 * len(self._flows) + 64:  # entries of dropped flows: bounded
-            flows = self._flows
-            for heap in (self._ready, self._bulk):
-                heap[:] = [e for e in heap if (f := flows.get(e[2])) is not None and f.entry == e[1]]
-                heapq.heapify(heap)
+        ready, bulk = self._ready, self._bulk
+        if (len(ready) if ready else 0) + (len(bulk) if bulk else 0) > 2 * len(self._flows) + 64:
+            flows = self._flows  # entries of dropped flows: bounded
+            for heap in (ready, bulk):
+                if heap is not None:
+                    heap[:] = [e for e in heap if (f := flows.get(e[2])) is not None and f.entry == e[1]]
+                    heapq.heapify(heap)
+            self._ready = ready or None
+            self._bulk = bulk or None
 
     def forget(self, stream_id: int) -> None:
         """The stream ended: its account goes once its queued frames have left."""
@@ -165,13 +185,20 @@ class Outbox:
         order of service until ``budget`` bytes (None: everything), then GOAWAY once nothing else waits."""
         everything = budget is None or budget >= self.pending_bytes  # nothing waits: no turns, no frame split
         out = self._frames
-        self._frames = []
+        self._frames = None
+        if out is None:
+            out = []
         size = sum(len(h) + (len(b) if b is not None else 0) for h, b in out)
         left = (1 << 62) if budget is None else budget - size
-        small, bulk = self._ready, self._bulk
-        while (small or bulk) and left > 0:
+        while left > 0:
+            small, bulk = self._ready, self._bulk  # read again each turn: serving a flow may make a heap
+            if not small and not bulk:
+                break
             bulk_turn = bool(bulk) and (not small or self._small_turns >= self.SMALL_TURNS)
-            _, turn, flow_id = heapq.heappop(bulk if bulk_turn else small)
+            heap = bulk if bulk_turn else small
+            if heap is None:
+                break  # never: the heap taken from has entries
+            _, turn, flow_id = heapq.heappop(heap)
             flow = self._flows.get(flow_id)
             if flow is None or flow.entry != turn:
                 continue  # dropped (reset) or entered again since
@@ -183,10 +210,14 @@ class Outbox:
             size += taken
             if flow.queue:
                 self._enter(flow_id, flow)
-        if not (small or bulk) and self._last:
+        if not self._ready:
+            self._ready = None
+        if not self._bulk:
+            self._bulk = None
+        if self._ready is None and self._bulk is None and self._last is not None:
             size += sum(len(h) + (len(b) if b is not None else 0) for h, b in self._last)
             out += self._last
-            self._last = []
+            self._last = None
         self.pending_bytes -= size
         if not out:
             return []

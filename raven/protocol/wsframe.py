@@ -137,10 +137,11 @@ class FrameDecoder:
         self._masker = masker
         # An incomplete frame: the received pieces as they came (joined once, when enough is there: no buffer
         # grown and shrunk read after read), their bytes, and how many the frame needs before it is looked at again.
-        self._held: list[bytes | memoryview] = []
+        # Both lists exist only while they hold something (an idle connection keeps neither).
+        self._held: list[bytes | memoryview] | None = None
         self._pending = 0
         self._need = 0
-        self._parts: list[bytes | bytearray] = []  # a fragmented message so far
+        self._parts: list[bytes | bytearray] | None = None  # a fragmented message so far
         self._size = 0  # its bytes
         self._done = False
 
@@ -153,13 +154,14 @@ class FrameDecoder:
         """The events in ``data`` and what came before it. Raises :class:`WebSocketError` only."""
         if self._done:
             return []
-        if self._held:
-            self._held.append(bytes(data) if isinstance(data, bytearray) else data)
+        held = self._held
+        if held is not None:
+            held.append(bytes(data) if isinstance(data, bytearray) else data)
             self._pending += len(data)
             if self._pending < self._need:
                 return []
-            source: bytes | bytearray = b"".join(self._held)
-            self._held = []
+            source: bytes | bytearray = b"".join(held)
+            self._held = None
             self._pending = 0
         else:
             source = data
@@ -168,9 +170,9 @@ class FrameDecoder:
             used = self._frames(source, events)
         except WebSocketError:
             self._done = True
-            self._held = []
+            self._held = None
             self._pending = 0
-            self._parts = []
+            self._parts = None
             self._size = 0
             raise
         if not self._done and used < len(source):
@@ -229,13 +231,16 @@ class FrameDecoder:
                 if opcode >= OP_CLOSE:
                     self._control(opcode, bytes(payload), events)
                 elif b0 & 0x80:  # FIN
-                    if self._parts:
-                        self._parts.append(payload)
-                        payload = b"".join(self._parts)
-                        self._parts = []
+                    parts = self._parts
+                    if parts is not None:
+                        parts.append(payload)
+                        payload = b"".join(parts)
+                        self._parts = None
                         self._size = 0
                     events.append(payload)
                 else:
+                    if self._parts is None:
+                        self._parts = []
                     self._parts.append(payload)
                     self._size += length
         finally:

@@ -117,10 +117,10 @@ class Tunnel:
         self._out_waiter: asyncio.Future[None] | None = None
         self._in_transit = 0  # bytes the writer took from the core and has not finished sending
         self._send_since: float | None = None  # when the send in progress began (a stalled peer is cut off)
-        self._room_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._room_waiters: list[tuple[int, asyncio.Future[None]]] | None = None  # writers waiting for room, if any
         self._pacer = Pacer.of(sock, self.loop)  # ``sock``: the transport's TCP socket, if it has one
-        self._closed_fut: asyncio.Future[None] = self.loop.create_future()  # lighter than an Event
-        self._tasks: list[asyncio.Task[None]] = []
+        self._closed_fut: asyncio.Future[None] | None = None  # made by close() or by a wait for it
+        self._tasks: list[asyncio.Task[None]] | None = None  # close() in a task of its own, then the writer
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
 
@@ -232,12 +232,10 @@ class Tunnel:
             stream.aborted(StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {reason}", remote=False))
             self._release(stream)
         current = asyncio.current_task()
-        if self._writer_task is not None and self._writer_task is not current:
-            self._tasks.append(self._writer_task)
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
-        for _, fut in self._room_waiters:
+        tasks = [t for t in (*(self._tasks or ()), self._writer_task) if t is not None and t is not current]
+        for task in tasks:
+            task.cancel()
+        for _, fut in self._room_waiters or ():
             if not fut.done():
                 fut.set_result(None)
         last = self.core.data_to_send()  # frames queued before the end, then GOAWAY when there is one
@@ -249,20 +247,22 @@ class Tunnel:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self.sink.close()
-        for task in self._tasks:
-            if task is not current:
-                with contextlib.suppress(BaseException):
-                    await task
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._closed_fut = self._closed_fut or self.loop.create_future()
         if not self._closed_fut.done():
             self._closed_fut.set_result(None)
 
     async def wait_closed(self) -> None:
         """Wait until :meth:`close` has finished (a cancelled waiter leaves the session alone)."""
+        if self._closed_fut is None:
+            self._closed_fut = self.loop.create_future()  # lighter than an Event, and only once someone waits
         await asyncio.shield(self._closed_fut)
 
     def _close_soon(self, reason: str, code: int = 0) -> None:
         if self.core.state is not SessionState.CLOSED:
-            self._tasks.append(self.loop.create_task(self.close(reason, code)))
+            self._tasks = [*(self._tasks or ()), self.loop.create_task(self.close(reason, code))]
 
     # ------------------------------------------------------------ events from the core, through a table
 
@@ -354,7 +354,7 @@ class Tunnel:
     async def wait_send_room(self, stream_id: int) -> None:
         while self.congested(stream_id) and self.core.state in LIVE:
             fut = self.loop.create_future()
-            self._room_waiters.append((stream_id, fut))
+            self._room_waiters = [*(self._room_waiters or ()), (stream_id, fut)]
             await fut
         if self.core.state not in LIVE:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
@@ -472,14 +472,14 @@ class Tunnel:
         """Stream writers waiting for room: all of them below ``LOW_WATER``, else those that may add now."""
         low = self.core.pending_bytes + self._in_transit <= self.LOW_WATER
         waiting: list[tuple[int, asyncio.Future[None]]] = []
-        for sid, fut in self._room_waiters:
+        for sid, fut in self._room_waiters or ():
             if fut.done():
                 continue
             if low or not self.congested(sid):
                 fut.set_result(None)
             else:
                 waiting.append((sid, fut))
-        self._room_waiters = waiting
+        self._room_waiters = waiting or None
 
 
 # Each event of the core and the session's handler for it.

@@ -66,9 +66,9 @@ class WsLink:
     """One upgraded connection's WebSocket framing (see the module's docstring)."""
 
     __slots__ = (
-        "__weakref__", "_decoder", "_encoder", "_ended", "_gone", "_held_pong", "_inbox", "_inbox_bytes", "_paused",
-        "_peer_closed", "_pong_wait", "_receiver", "_sent_close", "_session", "drain_timeout", "name", "protocol",
-        "transport",
+        "__weakref__", "_decoder", "_encoder", "_gone", "_gone_waiter", "_held_pong", "_inbox", "_inbox_bytes",
+        "_paused", "_peer_closed", "_pong_wait", "_reason", "_receiver", "_sent_close", "_session", "_waiter",
+        "drain_timeout", "name", "protocol", "transport",
     )
 
     INBOX_LIMIT: Final = 1 << 20  # bytes received before the session is served; reading pauses over it
@@ -89,9 +89,12 @@ class WsLink:
         self._held_pong: bytes | None = None  # the latest ping's payload, while the peer is not reading
         self._pong_wait: asyncio.Task[None] | None = None  # waits for the peer to read; reading paused meanwhile
         self._receiver: asyncio.Future[None] | None = None
-        loop = asyncio.get_running_loop()
-        self._ended: asyncio.Future[str] = loop.create_future()  # why the link ended (the session ends with it)
-        self._gone: asyncio.Future[None] = loop.create_future()  # the peer's close frame came, or the connection went
+        # Why the link ended (the session ends with it); None while it runs. An idle session holds no future for
+        # it: only serve() waits for the end, on a future of its own (memory per idle session).
+        self._reason: str | None = None
+        self._waiter: asyncio.Future[None] | None = None  # serve()'s wait for the end
+        self._gone = False  # the peer's close frame came, or the connection went
+        self._gone_waiter: asyncio.Future[None] | None = None  # made by a close() that waits for it
         self._sent_close = False
         self._peer_closed = False
 
@@ -99,7 +102,7 @@ class WsLink:
 
     def feed_data(self, data: bytes | bytearray | memoryview) -> tuple[bool, bytes]:
         """Bytes from the connection (aiohttp's ``data_received``). Never raises."""
-        if self._ended.done():
+        if self._reason is not None:
             return False, b""
         try:
             events = self._decoder.receive(data if isinstance(data, (bytes, bytearray)) else bytes(data))
@@ -176,8 +179,8 @@ class WsLink:
     async def receive(self) -> bytes:
         """The next binary message (the handshake's); :class:`TransportError` once the connection has ended."""
         while self._inbox is None:
-            if self._ended.done():
-                raise TransportError(f"websocket closed: {self._ended.result()}")
+            if self._reason is not None:
+                raise TransportError(f"websocket closed: {self._reason}")
             self._receiver = asyncio.get_running_loop().create_future()
             try:
                 await self._receiver
@@ -193,13 +196,16 @@ class WsLink:
         try:
             while self._inbox is not None and not session.closed:
                 session.feed(self._take())
-            if not session.closed:
+            if not session.closed and self._reason is None:
                 self._session = session
-                await asyncio.shield(self._ended)
+                # Not shielded: this future is serve()'s own (a shield costs a future, two closures and their
+                # cells per idle session); a cancel of serve() ends the wait, never the link.
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
         finally:
             self._session = None
-            reason = self._ended.result() if self._ended.done() else "the tunnel handler ended"
-            await session.close(session.close_reason or reason)
+            self._waiter = None
+            await session.close(session.close_reason or self._reason or "the tunnel handler ended")
 
     # ------------------------------------------------------------ pings
 
@@ -243,13 +249,18 @@ class WsLink:
     # ------------------------------------------------------------ the connection's end
 
     def _end(self, reason: str) -> None:
-        if not self._ended.done():
-            self._ended.set_result(reason)
+        if self._reason is None:
+            self._reason = reason
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         self._wake_receiver()
 
     def _set_gone(self) -> None:
-        if not self._gone.done():
-            self._gone.set_result(None)
+        self._gone = True
+        waiter = self._gone_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _on_close(self, ev: Close) -> None:
         self._peer_closed = True
@@ -293,7 +304,7 @@ class WsLink:
         measured dearer), then wait (at most ``drain_timeout``) while the transport holds more than its
         high-water mark."""
         if self._sent_close or self.transport.is_closing():
-            raise TransportError(f"websocket closed: {self._ended.result() if self._ended.done() else 'closing'}")
+            raise TransportError(f"websocket closed: {self._reason or 'closing'}")
         write = self.transport.write
         frame = self._encoder.frame
         for message in messages:
@@ -318,10 +329,12 @@ class WsLink:
             if not self._sent_close and not self.transport.is_closing():
                 self._sent_close = True
                 self.transport.write(self._encoder.close(code, reason))
-            if not self._peer_closed and not self.transport.is_closing():
+            if not self._peer_closed and not self._gone and not self.transport.is_closing():
+                if self._gone_waiter is None:
+                    self._gone_waiter = asyncio.get_running_loop().create_future()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.CLOSE_TIMEOUT):
-                        await asyncio.shield(self._gone)
+                        await asyncio.shield(self._gone_waiter)  # shared by every close() that waits
         finally:
             self._end("closed by this side")
             if not self.transport.is_closing():

@@ -14,16 +14,19 @@ reader on the connection (``protocol.set_parser``):
   handshake then fails on its deadline. Closing the aiohttp response afterwards releases its connection.
 
 What of aiohttp's is not public, all of it checked by tests/integration/test_wslink.py and every tunnel test:
-``WebSocketResponse._post_start`` (its ``_ws_protocol``, ``_writer``, ``_set_closed``), the server protocol's
-``set_parser``, ``_upgraded`` and ``_parser`` (its HTTP parser, dropped once the connection is upgraded),
-``ClientWebSocketResponse._response``, the client protocol's ``set_parser`` and the protocols' ``_drain_helper``
-(the wait for ``resume_writing``, as aiohttp's own writer waits).
+``WebSocketResponse._post_start`` (its ``_ws_protocol``, ``_set_closed``; its ``_writer`` is left unset, so
+``prepared`` is the link's), the server protocol's ``set_parser``, ``_upgraded``, ``_parser`` (its HTTP parser,
+dropped once the connection is upgraded) and ``_messages`` (its request queue, replaced by an empty one that
+makes a deque only when used), ``ClientWebSocketResponse._response``, the client protocol's ``set_parser`` and the
+protocols' ``_drain_helper`` (the wait for ``resume_writing``, as aiohttp's own writer waits).
 
 Masking uses aiohttp's compiled XOR (``websocket_mask``; ~5 µs for 50 KiB against ~130 µs in pure Python).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -53,9 +56,14 @@ class TunnelResponse(web.WebSocketResponse):
         self._drain_timeout = drain_timeout
         self.link: WsLink | None = None
 
+    @property
+    def prepared(self) -> bool:
+        return self.link is not None
+
     def _post_start(self, request: web.BaseRequest, protocol: str | None, writer: Any) -> None:
+        # aiohttp's WebSocket writer (``writer``) is not kept: the link writes every frame, and the writer with
+        # its task set was half a kilobyte per session. ``prepared`` says so from the link instead.
         self._ws_protocol = protocol
-        self._writer = writer
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost during the upgrade")
@@ -69,6 +77,10 @@ class TunnelResponse(web.WebSocketResponse):
             # buffers of the request it parsed, about 4 KiB) is let go now rather than kept for the session's
             # life, as aiohttp itself does when the connection is lost.
             handler._parser = None
+            if not handler._messages:
+                # Nor is a request queued there: its queue (a deque, 760 bytes however empty) gives way to one
+                # that holds nothing until something is put in it.
+                handler._messages = _UpgradedQueue()  # type: ignore[assignment]
 
     async def close(self, *, code: int = wsframe.CLOSE_NORMAL, message: bytes = b"", drain: bool = True) -> bool:
         if self._closed:
@@ -77,6 +89,35 @@ class TunnelResponse(web.WebSocketResponse):
         if self.link is not None:
             await self.link.close(code, message.decode("utf-8", "replace"))
         return True
+
+
+class _UpgradedQueue:
+    """aiohttp's queue of parsed requests on a connection that no longer parses any (see ``_post_start``): empty,
+    and a deque only if something is ever put in it (what aiohttp calls on its queue: append, popleft, len)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: deque[Any] | None = None
+
+    def append(self, item: Any) -> None:
+        if self._items is None:
+            self._items = deque()
+        self._items.append(item)
+
+    def popleft(self) -> Any:
+        if not self._items:
+            raise IndexError("pop from an empty queue")
+        return self._items.popleft()
+
+    def clear(self) -> None:
+        self._items = None
+
+    def __len__(self) -> int:
+        return len(self._items) if self._items is not None else 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items or ())
 
 
 def take_over(ws: aiohttp.ClientWebSocketResponse, *, max_message: int, drain_timeout: float = 60.0) -> WsLink:

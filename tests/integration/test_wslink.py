@@ -7,9 +7,11 @@ drain deadline)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import struct
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -20,7 +22,8 @@ from aiohttp import web
 
 from raven.protocol import wire
 from raven.protocol.wsframe import OP_PING
-from raven.transport.tunnel import Tunnel
+from raven.transport.connect import accept, connect
+from raven.transport.tunnel import Stream, Tunnel
 from raven.transport.websocket import TransportError
 from raven.transport.wslink import WsLink
 from raven.transport.wsupgrade import TunnelResponse, take_over
@@ -39,12 +42,14 @@ class Server:
 
     url: str = ""
     links: asyncio.Queue[WsLink] = field(default_factory=asyncio.Queue)
+    responses: list[TunnelResponse] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)  # handlers may return
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         ws = TunnelResponse(max_message=MAX)
         await ws.prepare(request)
         assert ws.link is not None
+        self.responses.append(ws)
         await self.links.put(ws.link)
         await self.done.wait()
         return ws
@@ -254,12 +259,15 @@ async def test_a_ping_flooder_that_never_reads_is_cut_at_the_drain_deadline(serv
 async def test_an_upgraded_connection_keeps_no_http_parser_nor_an_empty_inbox(server: Server,
                                                                              http: aiohttp.ClientSession) -> None:
     """Memory per idle session (issue 31): once upgraded, the gateway's connection lets aiohttp's HTTP parser go
-    (aiohttp reads no further request there) and the link holds an inbox only while messages wait; messages
-    still flow both ways and the close handshake still ends both sides."""
+    (aiohttp reads no further request there), keeps no request queue (a deque) nor aiohttp's WebSocket writer,
+    and the link holds an inbox only while messages wait; messages still flow both ways and the close
+    handshake still ends both sides."""
     ws = await http.ws_connect(server.url, compress=0)
     client = take_over(ws, max_message=MAX)
     srv = await asyncio.wait_for(server.links.get(), 5)
     assert srv.protocol._parser is None  # type: ignore[attr-defined]
+    assert not isinstance(srv.protocol._messages, deque) and not srv.protocol._messages  # type: ignore[attr-defined]
+    assert server.responses[-1]._writer is None and server.responses[-1].prepared
     await client.send_many([b"one", b"two"])
     assert [await srv.receive() for _ in range(2)] == [b"one", b"two"]
     assert srv._inbox is None
@@ -268,4 +276,61 @@ async def test_an_upgraded_connection_keeps_no_http_parser_nor_an_empty_inbox(se
     await client.close()
     with pytest.raises(TransportError, match="peer closed the websocket"):
         await asyncio.wait_for(srv.receive(), 5)
+    await ws.close()
+
+
+async def test_an_idle_session_keeps_no_empty_queue_nor_spare_future(server: Server,
+                                                                       http: aiohttp.ClientSession) -> None:
+    """Memory per idle session (issue 31): after the handshake, a stream answered and heartbeats, both ends of a
+    session over real links hold no empty queue (the outbox's four, the frame decoder's two, the handshake's
+    greeting, the tunnel's waiting lists), no HELLO, and no future but the link's one wait for its end; a stream
+    and the close still work from there."""
+    ws = await http.ws_connect(server.url, compress=0)
+    agent_link = take_over(ws, max_message=MAX)
+    gateway_link = await asyncio.wait_for(server.links.get(), 5)
+    welcome = wire.Welcome(wire.PROTOCOL_VERSION, "gw-0", 1, 0.2, 5.0, 64 * 1024, 8)
+    hello = wire.Hello("agent-1", "s" * 32, (wire.PROTOCOL_VERSION,), 64 * 1024, 8)
+    (gateway, _), (agent, _) = await asyncio.gather(
+        accept(gateway_link, lambda _: welcome, lambda *_: None, limits=wire.DEFAULT_LIMITS, timeout=5),
+        connect(agent_link, hello, limits=wire.DEFAULT_LIMITS, timeout=5))
+
+    def answer(stream: Stream) -> None:
+        stream.send_head(200, "OK", ())
+        asyncio.get_running_loop().create_task(stream.write(b"page", end=True))
+
+    agent.on_open = answer
+    serving = [asyncio.create_task(gateway_link.serve(gateway)), asyncio.create_task(agent_link.serve(agent))]
+
+    async def scrape() -> None:
+        stream = gateway.open_stream(wire.Open(0, wire.StreamKind.HTTP, "edge-1", 9400, "GET", "/metrics", (), True))
+        assert (await stream.head()).status == 200 and await stream.read() == b"page"
+        await stream.wait_finished()
+
+    def spare(link: WsLink, session: Tunnel) -> list[str]:
+        """What the session holds that an idle one need not: by name, and any future but the link's wait."""
+        out, decoder = session.core.out, link._decoder
+        held = {"outbox._frames": out._frames, "outbox._last": out._last, "outbox._ready": out._ready,
+                "outbox._bulk": out._bulk, "decoder._held": decoder._held, "decoder._parts": decoder._parts,
+                "core._greeting": session.core._greeting, "core.hello": session.core.hello,
+                "tunnel._room_waiters": session._room_waiters, "tunnel._tasks": session._tasks,
+                "tunnel._closed_fut": session._closed_fut, "link._gone_waiter": link._gone_waiter}
+        found = [f"{name} {value!r}" for name, value in held.items() if value is not None]
+        for holder in (link, session, session.core):
+            found += [f"{type(holder).__name__} holds {r!r}" for r in gc.get_referents(holder)
+                      if isinstance(r, asyncio.Future) and r is not link._waiter]
+        return found
+
+    await scrape()
+    rtt = gateway.core.rtt
+    await eventually(lambda: gateway.core.rtt != rtt, timeout=2, what="a heartbeat answered")  # pings both ways
+    await eventually(lambda: not gateway.streams and not agent.streams and gateway.core.pending_bytes == 0,
+                     timeout=2, what="the stream let go")
+    # Between two heartbeats (a PING may be on its way at any one moment):
+    await eventually(lambda: not spare(gateway_link, gateway) and not spare(agent_link, agent), timeout=2,
+                     what="both ends idle, holding nothing spare")
+    await scrape()  # still serves, and closes cleanly
+    await gateway.close("test over")
+    await asyncio.wait_for(asyncio.gather(*serving), 5)
+    await agent.wait_closed()
+    assert gateway.closed and agent.closed
     await ws.close()
