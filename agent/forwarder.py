@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
@@ -254,11 +254,6 @@ class Forwarder:
 
     # ------------------------------------------------------------ HTTP
 
-    async def _request_body(self, stream: Stream) -> AsyncIterator[bytes]:
-        while chunk := await stream.read():
-            self._to_node.inc(len(chunk))
-            yield bytes(chunk)
-
     async def _serve_http(self, stream: Stream, req: Request) -> None:
         frame = stream.open
         start = time.monotonic()
@@ -275,7 +270,7 @@ class Forwarder:
                         frame.method,
                         req.url.raw_path_qs,
                         req.headers,
-                        None if frame.fin else self._request_body(stream),
+                        None if frame.fin else RequestBody(stream, self._to_node),
                     )
                 except ConnectFailed as exc:
                     code = "connect-failed"
@@ -406,6 +401,26 @@ class Forwarder:
                     raise
                 except Exception:  # timed out, or the connection was already broken
                     writer.transport.abort()
+
+
+class RequestBody:
+    """A stream's request body as the upstream client sends it on (``async for``), chunk by chunk, each counted in
+    ``counted`` (bytes to the node); it ends at the gateway's FIN and raises StreamReset at its RESET. A class
+    rather than an async generator, which mypyc does not compile."""
+
+    def __init__(self, stream: Stream, counted: Counter) -> None:
+        self._stream = stream
+        self._counted = counted
+
+    def __aiter__(self) -> RequestBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._stream.read()
+        if not chunk:
+            raise StopAsyncIteration
+        self._counted.inc(len(chunk))
+        return bytes(chunk)
 
 
 async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
