@@ -258,12 +258,12 @@ class Proxy:
                     reset_reason(exc.code),
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
-                if attempt == 1 and retryable and self.registry.has_alternative(entry, tried):
-                    self._log.info(chosen.agent, "retry", "retrying %s on another agent of pool %r: %s", target.node,
-                                   entry.pool, exc.reason)
-                    self.metrics.retries.labels(entry.pool).inc()
-                    continue
-                raise last from None
+                if not (attempt == 1 and retryable and self.registry.has_alternative(entry, tried)):
+                    raise last from None
+                # On to the next attempt (no ``continue`` here: mypyc does not compile one inside try/finally).
+                self._log.info(chosen.agent, "retry", "retrying %s on another agent of pool %r: %s", target.node,
+                               entry.pool, exc.reason)
+                self.metrics.retries.labels(entry.pool).inc()
             except BaseException:
                 stream.close()
                 raise
