@@ -55,3 +55,33 @@ def test_compiled_and_pure_codec_and_core_agree_on_fuzzed_bytes() -> None:
         assert 0.2 * PER_SEED < raised < 0.9 * PER_SEED  # both valid frames and errors were exercised
         for c, p in zip(compiled["results"], pure["results"], strict=True):
             assert c == p, f"seed {seed}: the builds differ on {c[0]}"
+
+
+_AGENT_TEXTS = """
+import errno, importlib.machinery, json
+import raven  # first, as raven.cli is: its import applies RAVEN_BUILD=pure
+from agent import forwarder as f
+errors = [OSError(errno.ECONNREFUSED, "Connection refused"), OSError("connect to 10.0.0.7:9400 failed"),
+          ConnectionResetError(), ValueError("at 10.0.0.7\\nAuthorization: Bearer secret"), RuntimeError("x" * 999)]
+print(json.dumps({
+    "compiled": (f.__file__ or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)),
+    "status": [f._odd_status(s) for s in range(-1, 1001)],
+    "safe": [f._safe(e, a) for e in errors for a in ("", "10.0.0.7")],
+    "os": [f._os_reason(e, "10.0.0.7") for e in errors if isinstance(e, OSError)],
+}))
+"""
+
+
+def test_compiled_and_pure_agent_tell_the_gateway_the_same() -> None:
+    """agent/forwarder.py (compiled since issue 31): which node statuses are refused and why, and an error's text
+    with the node's address masked, alike in both builds."""
+    from agent import forwarder
+
+    if not (forwarder.__file__ or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+        pytest.skip("agent/forwarder.py runs from its source here: nothing to compare")
+    compiled, pure = json.loads(_python(["-c", _AGENT_TEXTS], pure=False)), json.loads(_python(["-c", _AGENT_TEXTS],
+                                                                                                pure=True))
+    assert (compiled.pop("compiled"), pure.pop("compiled")) == (True, False)
+    assert compiled == pure
+    assert sum(1 for why in pure["status"] if why) == 1002 - 400  # all but 200-599 refused
+    assert not any("10.0.0.7" in text or "secret" in text for text in pure["safe"][1::2])
