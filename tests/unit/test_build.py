@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import json
 import os
@@ -85,3 +86,30 @@ def test_compiled_and_pure_agent_tell_the_gateway_the_same() -> None:
     assert compiled == pure
     assert sum(1 for why in pure["status"] if why) == 1002 - 400  # all but 200-599 refused
     assert not any("10.0.0.7" in text or "secret" in text for text in pure["safe"][1::2])
+
+
+def _except_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
+    """Each name the function's own ``except ... as name`` clauses bind -> the exception types it is bound to."""
+    bound: dict[str, set[str]] = {}
+    todo: list[ast.AST] = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue  # a scope of its own: checked on its own
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            bound.setdefault(node.name, set()).add(ast.unparse(node.type) if node.type else "BaseException")
+        todo.extend(ast.iter_child_nodes(node))
+    return bound
+
+
+def test_no_compiled_function_binds_one_name_to_two_exception_types() -> None:
+    """mypyc gives a name one type, its first ``except`` clause's: ``except A as exc`` then ``except B as exc``
+    raises TypeError("A object expected; got B") in the compiled build on B's path, which the pure build never
+    shows (found by issue 31 item 2: an agent's answer to a node's malformed status line, and the gateway's to a
+    client that stopped reading, failed so compiled). Each clause of a compiled module binds a name of its own."""
+    twice = [f"{path}:{fn.lineno} {fn.name}(): {name} as {' and '.join(sorted(types))}"
+             for path in build.COMPILED
+             for fn in ast.walk(ast.parse((ROOT / path).read_text()))
+             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+             for name, types in _except_names(fn).items() if len(types) > 1]
+    assert not twice, twice
