@@ -22,7 +22,8 @@ from types import ModuleType
 # Not here, and why: raven/protocol/events.py (mypyc fails at import on its memoryview dataclass fields), and
 # raven/transport/pacer.py (its wait's cleanup failed compiled: tests/unit/test_pacer.py). No compiled module
 # may hold an async generator (mypyc does not compile them: agent/forwarder.py's RequestBody and
-# agent/upstream.py's Slot are classes for that reason).
+# agent/upstream.py's Slot are classes for that reason), nor bind one name in two ``except`` clauses of different
+# types (mypyc types it by the first; tests/unit/test_build.py checks).
 COMPILED: tuple[str, ...] = (
     "raven/protocol/wire.py",
     "raven/protocol/frames/base.py",
