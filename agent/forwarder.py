@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
@@ -256,11 +256,6 @@ class Forwarder:
 
     # ------------------------------------------------------------ HTTP
 
-    async def _request_body(self, stream: Stream) -> AsyncIterator[bytes]:
-        while chunk := await stream.read():
-            self._to_node.inc(len(chunk))
-            yield bytes(chunk)
-
     async def _serve_http(self, stream: Stream, req: Request) -> None:
         frame = stream.open
         start = time.monotonic()
@@ -277,28 +272,28 @@ class Forwarder:
                         frame.method,
                         req.url.raw_path_qs,
                         req.headers,
-                        None if frame.fin else self._request_body(stream),
+                        None if frame.fin else RequestBody(stream, self._to_node),
                     )
-                except ConnectFailed as exc:
+                except ConnectFailed as failed:
                     code = "connect-failed"
-                    why = "timed out" if exc.os_error is None else _os_reason(exc.os_error, req.address)
+                    why = "timed out" if failed.os_error is None else _os_reason(failed.os_error, req.address)
                     self._log.warning(frame.node, "connect", "cannot connect to node %s at %s:%d: %s", frame.node,
                                       req.address, frame.port, why)
                     stream.reset(wire.ResetCode.CONNECT_FAILED,
                                  f"cannot connect to node {frame.node} port {frame.port}: {why}")
                     return
-                except PoolFull as exc:
+                except PoolFull as full:
                     code = "upstream-cap"
                     self._log.warning("upstream-cap", "upstream-cap", "request to node %s waits for no connection: %s",
-                                      frame.node, exc)
-                    stream.reset(wire.ResetCode.LIMIT, f"agent cannot reach node {frame.node} now: {exc}")
+                                      frame.node, full)
+                    stream.reset(wire.ResetCode.LIMIT, f"agent cannot reach node {frame.node} now: {full}")
                     return
-                except (UpstreamError, ConnectionError) as exc:
+                except (UpstreamError, ConnectionError) as unanswered:
                     code = "connect-failed"
                     self._log.warning(frame.node, "request", "request to node %s at %s:%d failed: %s", frame.node,
-                                      req.address, frame.port, _safe(exc))
-                    stream.reset(wire.ResetCode.CONNECT_FAILED,
-                                 f"request to node {frame.node} port {frame.port} failed: {_safe(exc, req.address)}")
+                                      req.address, frame.port, _safe(unanswered))
+                    stream.reset(wire.ResetCode.CONNECT_FAILED, f"request to node {frame.node} port {frame.port} "
+                                 f"failed: {_safe(unanswered, req.address)}")
                     return
                 odd = _odd_status(resp.status)
                 if odd:
@@ -324,12 +319,12 @@ class Forwarder:
                         await stream.write(chunk, end=last)
                         if last:
                             break
-                except (ResponseBroken, ConnectionError) as exc:
+                except (ResponseBroken, ConnectionError) as broken:
                     code = "broken"
                     self._log.warning(frame.node, "broken", "response from %s broke after %d bytes: %s", frame.node,
-                                      sent, _safe(exc))
+                                      sent, _safe(broken))
                     stream.reset(wire.ResetCode.UPSTREAM_BROKEN,
-                                 f"response from {frame.node} broke after {sent} bytes: {_safe(exc, req.address)}")
+                                 f"response from {frame.node} broke after {sent} bytes: {_safe(broken, req.address)}")
                     return
                 stream.end()
                 if resp.status == 200 and self.on_answered is not None:
@@ -341,9 +336,10 @@ class Forwarder:
             code = "timeout"
             stream.reset(wire.ResetCode.TIMEOUT,
                          f"node {frame.node} did not answer within {req.deadline.budget:.1f}s")
-        except StreamReset as exc:
+        except StreamReset as reset:
             code = "cancelled"
-            self._log.info(frame.node, "gateway-reset", "stream to %s ended by the gateway: %s", frame.node, exc.reason)
+            self._log.info(frame.node, "gateway-reset", "stream to %s ended by the gateway: %s", frame.node,
+                           reset.reason)
         except asyncio.CancelledError:
             code = "cancelled"
             self._cancelled(stream)
@@ -379,9 +375,9 @@ class Forwarder:
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     reader, writer = await asyncio.open_connection(address, frame.port)
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError) as failed:
                 code = "connect-failed"
-                why = "timed out" if isinstance(exc, TimeoutError) else _os_reason(exc, address)
+                why = "timed out" if isinstance(failed, TimeoutError) else _os_reason(failed, address)
                 self._log.warning(frame.node, "connect", "cannot connect to node %s at %s:%d: %s", frame.node,
                                   address, frame.port, why)
                 stream.reset(wire.ResetCode.CONNECT_FAILED,
@@ -390,8 +386,8 @@ class Forwarder:
             stream.send_head(200, "Connection established", ())
             code = "200"
             await _pump(stream, reader, writer)
-        except StreamReset as exc:
-            self._log.info(frame.node, "tcp-reset", "tcp stream to %s ended: %s", frame.node, exc.reason)
+        except StreamReset as reset:
+            self._log.info(frame.node, "tcp-reset", "tcp stream to %s ended: %s", frame.node, reset.reason)
         except asyncio.CancelledError:
             self._cancelled(stream)
             raise
@@ -408,6 +404,26 @@ class Forwarder:
                     raise
                 except Exception:  # timed out, or the connection was already broken
                     writer.transport.abort()
+
+
+class RequestBody:
+    """A stream's request body as the upstream client sends it on (``async for``), chunk by chunk, each counted in
+    ``counted`` (bytes to the node); it ends at the gateway's FIN and raises StreamReset at its RESET. A class
+    rather than an async generator, which mypyc does not compile."""
+
+    def __init__(self, stream: Stream, counted: Counter) -> None:
+        self._stream = stream
+        self._counted = counted
+
+    def __aiter__(self) -> RequestBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._stream.read()
+        if not chunk:
+            raise StopAsyncIteration
+        self._counted.inc(len(chunk))
+        return bytes(chunk)
 
 
 async def _pump(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

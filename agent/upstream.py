@@ -214,14 +214,10 @@ class UpstreamPool:
                 self._reserved += 1
                 waiter.set_result(None)
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one connection slot while relaying raw TCP to a node (its descriptor counts under the cap)."""
-        await self._reserve()
-        try:
-            yield
-        finally:
-            self._release()
+    def slot(self) -> Slot:
+        """Hold one connection slot while relaying raw TCP to a node (its descriptor counts under the cap):
+        ``async with pool.slot():``."""
+        return Slot(self)
 
     # ------------------------------------------------------------ connections
 
@@ -337,3 +333,18 @@ class UpstreamPool:
         self._idle.clear()
         self._lru.clear()
         await asyncio.sleep(0)  # let the transports run their connection_lost
+
+
+class Slot:
+    """One connection slot of a pool held for the body of an ``async with`` (:meth:`UpstreamPool.slot`): taken on
+    entry (it may wait, or raise :class:`PoolFull`; nothing is held then), given back on every way out. A class
+    rather than an ``@asynccontextmanager``, whose async generator mypyc does not compile."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+
+    async def __aenter__(self) -> None:
+        await self._pool._reserve()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._pool._release()

@@ -220,8 +220,8 @@ class Proxy:
                 last = Refusal(Reason.UNAVAILABLE, f"node {target.node!r} (pool {entry.pool!r}) via agent "
                                                    f"{chosen.agent}: {exc.reason}")
                 continue
-            except (ValueError, wire.ProtocolError) as exc:
-                raise Refusal(Reason.BAD_REQUEST, f"request cannot be carried: {exc}") from None
+            except (ValueError, wire.ProtocolError) as bad:
+                raise Refusal(Reason.BAD_REQUEST, f"request cannot be carried: {bad}") from None
             self.metrics.streams.inc()
             progress = _BodyProgress()
             asked = 0.0  # when the agent had the whole request and the wait for the node's answer began
@@ -258,12 +258,12 @@ class Proxy:
                     reset_reason(exc.code),
                     f"node {target.node!r} (pool {entry.pool!r}) via agent {chosen.agent}: {exc.reason}",
                 )
-                if attempt == 1 and retryable and self.registry.has_alternative(entry, tried):
-                    self._log.info(chosen.agent, "retry", "retrying %s on another agent of pool %r: %s", target.node,
-                                   entry.pool, exc.reason)
-                    self.metrics.retries.labels(entry.pool).inc()
-                    continue
-                raise last from None
+                if not (attempt == 1 and retryable and self.registry.has_alternative(entry, tried)):
+                    raise last from None
+                # On to the next attempt (no ``continue`` here: mypyc does not compile one inside try/finally).
+                self._log.info(chosen.agent, "retry", "retrying %s on another agent of pool %r: %s", target.node,
+                               entry.pool, exc.reason)
+                self.metrics.retries.labels(entry.pool).inc()
             except BaseException:
                 stream.close()
                 raise
@@ -378,18 +378,18 @@ class Proxy:
             if length is not None and not no_body and received != length:
                 raise StreamReset(wire.ResetCode.UPSTREAM_BROKEN,
                                   f"body ended after {received} of {length} bytes", remote=True)
-        except (StreamReset, TimeoutError) as exc:
-            if isinstance(exc, TimeoutError) and ex.deadline.left() > 0:  # a write's stall, not the deadline
+        except (StreamReset, TimeoutError) as broke:
+            if isinstance(broke, TimeoutError) and ex.deadline.left() > 0:  # a write's stall, not the deadline
                 self._stalled(ex, stream, received)
                 return
-            why = exc.reason if isinstance(exc, StreamReset) else "deadline passed mid-body"
+            why = broke.reason if isinstance(broke, StreamReset) else "deadline passed mid-body"
             self._log.warning(
                 ex.agent, "broken", "%s %s: response from node %r (pool %r, agent %s) broke after %d bytes: %s; "
                 "closing the client connection so the response is not taken as complete",
                 request.method, path_for_log(target.path), target.node, ex.pool, ex.agent, received, why,
             )
             request.abort()
-            code = "504" if isinstance(exc, TimeoutError) else "502"
+            code = "504" if isinstance(broke, TimeoutError) else "502"
             ex.code, ex.reason = f"broken-{code}", f"response broke after {received} bytes: {why}"
             return
         except ConnectionError:

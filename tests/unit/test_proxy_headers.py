@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 
 from raven.protocol import wire
-from tests.unit.test_proxy_write_stall import PAGE, FakeStream, Writer, exchange, proxy
+from tests.unit.test_proxy_write_stall import PAGE, Writer, exchange, page_stream, proxy
 
 
 async def test_the_agent_header_cannot_carry_cr_lf() -> None:
-    p, writer, stream = proxy(5), Writer(stall_at_eof=False), FakeStream()
+    p, writer, (stream, _) = proxy(5), Writer(stall_at_eof=False), page_stream()
     ex, _ = exchange(writer)
     ex.agent = "evil\r\nX-Injected: yes\x1b[2J"
     head = wire.Head(1, 200, "OK", (("Content-Length", str(len(PAGE))),))
-    await asyncio.wait_for(p._relay_response(ex, stream, head), 10)  # type: ignore[arg-type]
+    await asyncio.wait_for(p._relay_response(ex, stream, head), 10)
     assert ex.code == "200" and writer.written[-2:] == [PAGE, b"<eof>"]
     assert writer.headers["X-Raven-Agent"] == "evil??X-Injected: yes?[2J"
     assert "X-Injected" not in writer.headers

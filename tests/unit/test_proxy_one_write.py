@@ -15,7 +15,7 @@ from raven.http.guard import ConnectionGuard, GuardLimits
 from raven.http.h1 import RequestReader
 from raven.http.h1server import LeanCall, LeanServer
 from raven.protocol import wire
-from tests.unit.test_proxy_write_stall import PAGE, FakeStream, proxy
+from tests.unit.test_proxy_write_stall import PAGE, page_stream, proxy
 
 
 class Transport(asyncio.Transport):
@@ -66,9 +66,8 @@ async def _relay(method: str, chunks: list[bytes], headers: tuple[tuple[str, str
     ex = Exchange(call, time.monotonic())
     ex.target = Target("edge-1", 9400, "/metrics", wire.StreamKind.HTTP)
     ex.node, ex.pool, ex.agent, ex.deadline = "edge-1", "pool-a", "agent-1", Deadline.after(30)
-    stream = FakeStream()
-    stream.chunks = chunks
-    await proxy(5)._relay_response(ex, stream, wire.Head(1, 200, "OK", headers))  # type: ignore[arg-type]
+    stream, _ = page_stream(chunks)
+    await proxy(5)._relay_response(ex, stream, wire.Head(1, 200, "OK", headers))
     return transport.writes, ex
 
 

@@ -23,26 +23,18 @@ from raven.deadline import Deadline
 from raven.http.guard import ConnectionGuard, GuardLimits
 from raven.ops.metrics import GatewayMetrics
 from raven.protocol import wire
+from raven.transport.tunnel import Stream
+from tests.support import memstream
 
 PAGE = b"DCGM_FI_DEV_GPU_TEMP 41\n" * 100
 
 
-class FakeStream:
-    """A response stream whose page (HEAD, DATA and FIN) is all there, as it usually is."""
-
-    def __init__(self) -> None:
-        self.chunks = [PAGE, b""]
-        self.resets: list[tuple[wire.ResetCode, str]] = []
-
-    @property
-    def readable(self) -> bool:
-        return True
-
-    async def read(self) -> bytes:
-        return self.chunks.pop(0)
-
-    def reset(self, code: wire.ResetCode, reason: str) -> None:
-        self.resets.append((code, reason))
+def page_stream(chunks: list[bytes] | None = None) -> tuple[Stream, memstream.RecordingLink]:
+    """A response stream whose page (HEAD, DATA and FIN) is all there, as it usually is (the real Stream: compiled
+    code refuses a stand-in)."""
+    stream, link = memstream.stream()
+    memstream.deliver(stream, [PAGE, b""] if chunks is None else chunks)
+    return stream, link
 
 
 class Writer:
@@ -101,23 +93,23 @@ def exchange(writer: Writer) -> tuple[Exchange, mock.Mock]:
 
 
 async def test_a_client_that_stops_reading_before_the_end_is_given_up_on() -> None:
-    p, writer, stream = proxy(0.2), Writer(stall_at_eof=True), FakeStream()
+    p, writer, (stream, link) = proxy(0.2), Writer(stall_at_eof=True), page_stream()
     ex, transport = exchange(writer)
     head = wire.Head(1, 200, "OK", (("Content-Length", str(len(PAGE))),))
     # Without a deadline on the end this never returns; wait_for turns that into a failure, not a hang.
-    await asyncio.wait_for(p._relay_response(ex, stream, head), 10)  # type: ignore[arg-type]
+    await asyncio.wait_for(p._relay_response(ex, stream, head), 10)
     assert ex.code == "client-stalled" and not ex.observe
-    assert [code for code, _ in stream.resets] == [wire.ResetCode.CANCEL]  # the agent lets the node go
+    assert [code for code, _ in link.resets] == [wire.ResetCode.CANCEL]  # the agent lets the node go
     transport.abort.assert_called_once()  # an RST: the response can never read as complete
     refused = p.metrics.registry.get_sample_value("raven_gateway_front_refused_total", {"reason": "write-stall"})
     assert refused == 1
 
 
 async def test_a_client_that_reads_to_the_end_gets_its_page() -> None:
-    p, writer, stream = proxy(0.2), Writer(stall_at_eof=False), FakeStream()
+    p, writer, (stream, link) = proxy(0.2), Writer(stall_at_eof=False), page_stream()
     ex, transport = exchange(writer)
     head = wire.Head(1, 200, "OK", (("Content-Length", str(len(PAGE))),))
-    await asyncio.wait_for(p._relay_response(ex, stream, head), 10)  # type: ignore[arg-type]
+    await asyncio.wait_for(p._relay_response(ex, stream, head), 10)
     assert ex.code == "200" and ex.observe and ex.received == len(PAGE)
-    assert writer.written[-2:] == [PAGE, b"<eof>"] and not stream.resets
+    assert writer.written[-2:] == [PAGE, b"<eof>"] and not link.resets
     transport.abort.assert_not_called()
