@@ -278,15 +278,22 @@ class Proxy:
                           "agent of the pool for %.0fs where one can take them", node, pool, agent, why, hold)
 
     async def _send_body(self, request: ServerCall, stream: Stream, progress: _BodyProgress) -> None:
-        while True:
-            progress.waiting_for_client = True
-            chunk = await request.read()  # answers "Expect: 100-continue" first
-            progress.waiting_for_client = False
-            if not chunk:
-                break
-            await stream.write(chunk)
-            progress.sent += len(chunk)
-        stream.end()
+        try:
+            while True:
+                progress.waiting_for_client = True
+                chunk = await request.read()  # answers "Expect: 100-continue" first
+                progress.waiting_for_client = False
+                if not chunk:
+                    break
+                await stream.write(chunk)
+                progress.sent += len(chunk)
+            stream.end()
+        except StreamReset:
+            # The node answered before it read the whole body, and the agent said "stop sending" after relaying
+            # the answer: the answer stands (what the client has not sent is left unread; the server then ends
+            # the connection, since the next request could not be told from it).
+            if not stream.answered:
+                raise
 
     # ------------------------------------------------------------ HTTP
 

@@ -92,6 +92,11 @@ class Stream:
         return bool(self._chunks) or self._remote_fin or self._reset is not None
 
     @property
+    def answered(self) -> bool:
+        """The peer's whole answer is here (its FIN came): a reset after it only said "stop sending"."""
+        return self._remote_fin
+
+    @property
     def reset_error(self) -> StreamReset | None:
         return self._reset
 
