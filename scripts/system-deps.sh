@@ -6,7 +6,7 @@
 # layer-3 testbed's edge routers masquerade their sites behind NAT), Node.js with npm (the Prometheus
 # Operator's and cert-manager's schema validators for the manifests, scripts/validators.sh), and podman, buildah,
 # runc and debootstrap (tests/e2e/test_image.py builds the container image with scripts/image.sh and runs it), and
-# gcc and python3-dev (the compiled build the tests run on, scripts/setup.sh).
+# gcc, libc6-dev and python3-dev (the compiled build the tests run on, scripts/setup.sh).
 # Does nothing when they are already there. Needs root (CI runs as root) or sudo.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"

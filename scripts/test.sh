@@ -4,7 +4,7 @@
 # RAVEN_COMPILE=0 runs everything on the pure build. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/system-deps.sh  # first: the compiled build needs its gcc and python3-dev
+scripts/system-deps.sh  # first: the compiled build needs gcc and the C and Python headers
 RAVEN_COMPILE=${RAVEN_COMPILE:-1} scripts/setup.sh --dev
 scripts/validators.sh
 .venv/bin/ruff check raven gateway agent tests bench
