@@ -354,7 +354,9 @@ class Tunnel:
     async def wait_send_room(self, stream_id: int) -> None:
         while self.congested(stream_id) and self.core.state in LIVE:
             fut = self.loop.create_future()
-            self._room_waiters = [*(self._room_waiters or ()), (stream_id, fut)]
+            if self._room_waiters is None:
+                self._room_waiters = []
+            self._room_waiters.append((stream_id, fut))  # in place: no copy of the list at each wait
             await fut
         if self.core.state not in LIVE:
             raise StreamReset(wire.ResetCode.SESSION_CLOSED, f"session closed: {self.close_reason}", remote=False)
